@@ -1,0 +1,30 @@
+# Two commands set everything up: `make demo` and `make test` (each creates .venv on first use).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test unit notebooks lab bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,lab]'
+	touch $(STAMP)
+
+demo: $(STAMP)  ## train the seeds' MNIST example on 1 and on 2 workers; writes out/
+	$(BIN)/kit demo --out out
+
+test: unit notebooks  ## unit tests, then every notebook under nbval
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests
+
+notebooks: $(STAMP)
+	$(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks/
+
+lab: $(STAMP)  ## open the notebooks in JupyterLab
+	$(BIN)/jupyter lab notebooks/
+
+clean:
+	rm -rf out notebooks/out .pytest_cache

@@ -1,0 +1,27 @@
+"""kit: start TensorFlow clusters from a notebook and run distributed training on them.
+
+``import kit`` is cheap: the modules that need TensorFlow or ipyparallel load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import ClusterError, KitError, OptionError, TFConfigError, WorkerError
+
+__version__ = "0.1.0"
+__all__ = ["TFCluster", "ClusterOptions", "TaskInfo", "KitError", "TFConfigError", "ClusterError",
+           "OptionError", "WorkerError", "tfconfig", "data", "models", "training"]
+
+_LAZY = {"TFCluster": "cluster", "ClusterOptions": "cluster", "TaskInfo": "cluster"}
+_SUBMODULES = {"tfconfig", "data", "models", "training", "cluster", "results", "plots", "experiments"}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'kit' has no attribute {name!r}")

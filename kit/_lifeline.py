@@ -1,0 +1,94 @@
+"""Run an ipyparallel controller or engine that exits as soon as the process owning it is gone.
+
+A killed notebook kernel runs no ``atexit`` handler, and an ipyparallel engine notices a dead
+controller only after ~50 missed heartbeats (minutes), while the controller's scheduler
+processes outlive a killed controller. So the kit starts its controller and engines as::
+
+    python -m kit._lifeline ipyparallel.controller [args...]
+    python -m kit._lifeline ipyparallel.engine [args...]
+
+with ``KIT_LIFELINE="pid:start_time,..."`` in their environment: a daemon thread polls those
+processes and ends this one (``os._exit``) when any of them has exited. The start time guards
+against a recycled pid. Engines on other hosts cannot see local pids; there the engine's own
+heartbeat check (``--IPEngine.max_heartbeat_misses``) is the fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import threading
+
+import psutil
+
+ENV_VAR = "KIT_LIFELINE"
+POLL_SECONDS = 0.5
+
+
+def token(pid: int) -> str:
+    """``pid:start_time`` of a live process, for ``KIT_LIFELINE``."""
+    return f"{pid}:{psutil.Process(pid).create_time():.3f}"
+
+
+def parse(value: str) -> list[tuple[int, float]]:
+    """Parse ``KIT_LIFELINE`` into ``[(pid, start_time), ...]``."""
+    watched = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        pid_text, _, start_text = item.partition(":")
+        watched.append((int(pid_text), float(start_text)))
+    return watched
+
+
+def is_alive(pid: int, start_time: float) -> bool:
+    """Whether the process that had ``pid`` and started at ``start_time`` still runs (zombies are dead)."""
+    try:
+        proc = psutil.Process(pid)
+        return (abs(proc.create_time() - start_time) < 0.01
+                and proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _watch(watched: list[tuple[int, float]], stop: threading.Event) -> None:
+    while not stop.wait(POLL_SECONDS):
+        for pid, start_time in watched:
+            if not is_alive(pid, start_time):
+                print(f"kit lifeline: process {pid} that owns this one is gone; exiting",
+                      file=sys.__stderr__, flush=True)
+                os._exit(3)
+
+
+def start(value: str | None = None) -> threading.Event:
+    """Start the watchdog thread for ``value`` (default: ``$KIT_LIFELINE``); returns its stop event.
+
+    A forked child (the controller forks its heart monitor) gets no copy of this thread, so one is
+    started in it too, watching the same processes plus the parent that forked it.
+    """
+    stop = threading.Event()
+    watched = parse(value if value is not None else os.environ.get(ENV_VAR, ""))
+    if watched:
+        _start_thread(watched, stop)
+        os.register_at_fork(after_in_child=lambda: _start_thread(
+            [*watched, _parse_one(token(os.getppid()))], threading.Event()))
+    return stop
+
+
+def _start_thread(watched: list[tuple[int, float]], stop: threading.Event) -> None:
+    threading.Thread(target=_watch, args=(watched, stop), name="kit-lifeline", daemon=True).start()
+
+
+def _parse_one(item: str) -> tuple[int, float]:
+    return parse(item)[0]
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        raise SystemExit("usage: python -m kit._lifeline MODULE [ARGS...]")
+    start()
+    sys.argv = [argv[0], *argv[1:]]
+    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,562 @@
+"""TFCluster: one ipyparallel engine per TensorFlow task, each with its own TF_CONFIG.
+
+    with kit.TFCluster(workers=2) as cluster:
+        results = cluster.run(train_fn, epochs=3)
+
+The cluster starts an ipyparallel controller and one engine *set* per TF task (so one task can be
+signalled, killed or restarted alone), picks a free port per task, and launches each engine with
+TF_CONFIG, TF_USE_LEGACY_KERAS and thread limits in its environment, before TensorFlow is
+imported. It stops every process it started when the ``with`` block ends, at interpreter exit,
+and (through :mod:`kit._lifeline`) when the notebook kernel or the controller is killed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import shutil
+import signal as signals
+import sys
+import tempfile
+import time
+import uuid
+import weakref
+from typing import Any, Callable
+
+import ipyparallel as ipp
+import psutil
+
+from . import _lifeline, _remote, tfconfig
+from .errors import ClusterError, OptionError, WorkerError
+
+KERAS_CHOICES = {"tf-keras": "1", "keras3": "0"}
+
+
+def _field(default: Any, help: str, **kwargs: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+
+
+@dataclasses.dataclass
+class ClusterOptions:
+    """Every TFCluster option, with its default and help text (``kit demo --help`` shows them)."""
+
+    workers: int = _field(2, "Number of worker tasks.")
+    chief: bool = _field(False, "Add a chief task (ParameterServerStrategy's coordinator, or "
+                                "MultiWorkerMirroredStrategy's worker 0 under another name).")
+    ps: int = _field(0, "Number of parameter-server tasks (ParameterServerStrategy only).")
+    evaluator: bool = _field(False, "Add an evaluator task (outside the training cluster).")
+    keras: str = _field("tf-keras", "Keras on the workers: 'tf-keras' (Keras 2, sets "
+                        "TF_USE_LEGACY_KERAS=1; works with MultiWorkerMirroredStrategy) or "
+                        "'keras3' (TF's default since 2.16; model.fit fails under "
+                        "MultiWorkerMirroredStrategy, keras-team/keras#20585).")
+    threads: int | None = _field(None, "CPU threads per task (TF intra- and inter-op, OpenMP); "
+                                       "default: usable cores divided by the number of tasks.")
+    host: str = _field("127.0.0.1", "Address the TF tasks use to reach each other (and the "
+                                    "controller's IP) for engines started on this machine.")
+    start_timeout: float = _field(60.0, "Seconds to wait for every engine to register and "
+                                        "report its TF_CONFIG before giving up.")
+    env: dict = _field(None, "Extra environment variables for every task, e.g. "
+                             "{'TF_CPP_MIN_LOG_LEVEL': '2'}.", )
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "ps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise OptionError(name, f"{value!r} is not a whole number >= 0", f"e.g. {name}=2")
+        for name in ("chief", "evaluator"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionError(name, f"{getattr(self, name)!r} is not True or False",
+                                  f"{name}=True adds one {name} task")
+        if self.workers == 0 and not self.chief:
+            raise OptionError("workers", "the cluster has no worker and no chief",
+                              "ask for workers=1 or more (or chief=True)")
+        if self.keras not in KERAS_CHOICES:
+            raise OptionError("keras", f"{self.keras!r} is not a known Keras choice",
+                              f"use one of {', '.join(KERAS_CHOICES)}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise OptionError("threads", f"{self.threads!r} is not a whole number >= 1",
+                              "leave it None to divide the cores among the tasks")
+        if not (isinstance(self.start_timeout, (int, float)) and self.start_timeout > 0):
+            raise OptionError("start_timeout", f"{self.start_timeout!r} is not a positive number",
+                              "give seconds, e.g. start_timeout=60")
+        self.env = {str(k): str(v) for k, v in (self.env or {}).items()}
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        """Option name → help text."""
+        return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
+
+    def cluster_layout(self) -> dict[str, int]:
+        """How many tasks of each type the cluster has."""
+        layout = {"chief": int(self.chief), "worker": self.workers, "ps": self.ps,
+                  "evaluator": int(self.evaluator)}
+        return {t: n for t, n in layout.items() if n}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskInfo:
+    """One TF task of a running cluster, as its engine reported it."""
+
+    name: str       #: e.g. "worker:1"
+    type: str       #: chief, worker, ps or evaluator
+    index: int
+    address: str    #: host:port the other tasks reach it at ("" for the evaluator)
+    engine_id: int  #: ipyparallel engine id
+    pid: int
+    host: str       #: hostname of the engine's machine
+    keras: str      #: "tf-keras" or "keras3", as set in the engine's environment
+
+
+_live_clusters: "weakref.WeakSet[TFCluster]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_clusters() -> None:
+    for cluster in list(_live_clusters):
+        cluster.stop()
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no sched_getaffinity
+        return os.cpu_count() or 1
+
+
+class TFCluster:
+    """A TensorFlow cluster of ipyparallel engines, one engine per TF task.
+
+    ``TFCluster(workers=2)`` for MultiWorkerMirroredStrategy; ``TFCluster(chief=True, workers=2,
+    ps=1)`` for ParameterServerStrategy. See :class:`ClusterOptions` for every option.
+    """
+
+    def __init__(self, workers: int = 2, **options: Any):
+        unknown = set(options) - {f.name for f in dataclasses.fields(ClusterOptions)}
+        if unknown:
+            name = sorted(unknown)[0]
+            raise OptionError(name, "is not a TFCluster option",
+                              f"use one of {', '.join(ClusterOptions.help())}")
+        self.options = ClusterOptions(workers=workers, **options)
+        self.log = logging.getLogger("kit.cluster")
+        self._ipp: ipp.Cluster | None = None
+        self._client: ipp.Client | None = None
+        self._profile_dir: str | None = None
+        self._tasks: dict[str, TaskInfo] = {}
+        self._tf_configs: dict[str, dict] = {}
+        self._lost: list[str] = []
+        self._retired_ids: set[int] = set()  # engine ids of engines this cluster replaced
+        self.started = False
+
+    # ----- public API -------------------------------------------------------------------------
+    @property
+    def task_names(self) -> list[str]:
+        """Names of the cluster's tasks in order: chief, workers, ps, evaluator."""
+        layout = self.options.cluster_layout()
+        return [tfconfig.task_name(t, i) for t in tfconfig.TASK_TYPES for i in range(layout.get(t, 0))]
+
+    @property
+    def tasks(self) -> list[TaskInfo]:
+        """Each running task: type, index, address, engine id, pid, host, Keras choice."""
+        self._require_started()
+        return [self._tasks[name] for name in self.task_names]
+
+    @property
+    def tf_configs(self) -> dict[str, dict]:
+        """The TF_CONFIG of each task, by task name."""
+        self._require_started()
+        return {name: self._tf_configs[name] for name in self.task_names}
+
+    def describe(self):
+        """The tasks as a pandas DataFrame (for a notebook)."""
+        import pandas as pd
+
+        return pd.DataFrame([dataclasses.asdict(t) for t in self.tasks]).set_index("name")
+
+    def start(self) -> "TFCluster":
+        """Start the controller and one engine per task; return when all report their TF_CONFIG."""
+        if self.started:
+            raise ClusterError("this TFCluster is already started; stop() it first, or "
+                               "call restart() for fresh engines")
+        _live_clusters.add(self)
+        try:
+            self._start_controller()
+            self._start_engines()
+        except BaseException:
+            self.stop()
+            raise
+        self.started = True
+        return self
+
+    def restart(self) -> "TFCluster":
+        """Replace every engine with a fresh process, same topology, new ports where needed.
+
+        TensorFlow cannot reconfigure collectives inside a live process, so a cluster that lost a
+        task (or must forget its TensorFlow state) gets all-new engines.
+        """
+        self._require_started()
+        self._stop_engines()
+        self._start_engines()
+        return self
+
+    def stop(self) -> None:
+        """Stop every engine and the controller, and wait until their processes are gone."""
+        _live_clusters.discard(self)
+        self.started = False
+        if self._ipp is not None:
+            pids = self._owned_pids()
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+            try:
+                self._ipp.stop_cluster_sync()
+            finally:
+                _reap(pids, self.log)
+                self._ipp = None
+        if self._profile_dir is not None:
+            shutil.rmtree(self._profile_dir, ignore_errors=True)
+            self._profile_dir = None
+        self._tasks.clear()
+
+    def __enter__(self) -> "TFCluster":
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.started else "stopped"
+        return f"<TFCluster {', '.join(self.task_names)} ({state})>"
+
+    def run(self, fn: Callable, *args: Any, tasks: list[str] | None = None,
+            timeout: float | None = None, stream: bool = True, **kwargs: Any) -> list:
+        """Run ``fn(*args, **kwargs)`` on every task at once; return the results in task order.
+
+        ``tasks`` restricts the run to some tasks (names like "worker:1"). Each task's output is
+        printed as it comes, prefixed with the task's name (``stream=False`` to keep it quiet). A
+        failure on any task raises :class:`WorkerError` naming the task that failed first, with
+        its remote traceback; a task whose process dies marks the cluster as needing restart().
+        """
+        self._require_started()
+        if self._lost:
+            raise ClusterError(f"the cluster lost {', '.join(self._lost)}; its other tasks may be "
+                               "stuck in collectives. Call cluster.restart() for fresh engines.",
+                               self._lost)
+        names = self._select(tasks)
+        view = self._client[[self._tasks[n].engine_id for n in names]]
+        result = view.apply_async(fn, *args, **kwargs)
+        follower = _OutputFollower(names) if stream else None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not result.wait(0.2):
+            if follower:
+                follower.update(result)
+            dead = self._dead_tasks(names)
+            if dead:
+                if follower:
+                    follower.update(result, final=True)
+                self._lost = dead
+                raise WorkerError(dead[0], f"its engine process exited while running "
+                                  f"{getattr(fn, '__name__', fn)!s}{self._log_tail(dead[0])}",
+                                  failures={n: "process exited" for n in dead})
+            if deadline is not None and time.monotonic() > deadline:
+                result.abort()
+                raise ClusterError(f"run of {getattr(fn, '__name__', fn)} timed out after "
+                                   f"{timeout:g}s; call cluster.restart() before the next run", names)
+        if follower:
+            result.wait_for_output(timeout=5)  # iopub output may trail the reply a little
+            follower.update(result, final=True)
+        return self._collect(result, names)
+
+    def kill(self, task: str, signal: int = signals.SIGKILL) -> None:
+        """Send ``signal`` (default SIGKILL) to one task's engine process, e.g. ``kill("worker:1")``."""
+        self._require_started()
+        name = self._select([task])[0]
+        self._ipp.signal_engines_sync(signal, _engine_set_id(name))
+
+    # ----- start-up ---------------------------------------------------------------------------
+    def _start_controller(self) -> None:
+        self._profile_dir = tempfile.mkdtemp(prefix="kit-cluster-")
+        self._ipp = ipp.Cluster(
+            n=0,
+            profile_dir=self._profile_dir,
+            cluster_id=f"kit-{uuid.uuid4().hex[:8]}",
+            controller_ip=self.options.host,
+            controller_args=["--IPController.use_threads=True"],
+            log_level=logging.WARNING,
+        )
+        self._ipp.start_controller_sync(
+            controller_cmd=[sys.executable, "-m", "kit._lifeline", "ipyparallel.controller"],
+            environment={_lifeline.ENV_VAR: _lifeline.token(os.getpid())},
+        )
+
+    def _start_engines(self) -> None:
+        """Launch one engine per task and wait until each reports the TF_CONFIG it was given."""
+        self._lost = []
+        self._tasks.clear()
+        names = self.task_names
+        ports = self._pick_ports(names)
+        self._tf_configs = self._build_configs(names, ports)
+        lifeline = ",".join([_lifeline.token(os.getpid()),
+                             _lifeline.token(self._ipp.controller.process.pid)])
+        for name in names:
+            self._ipp.start_engines_sync(
+                n=1,
+                engine_set_id=_engine_set_id(name),
+                environment={**self._task_environment(name), _lifeline.ENV_VAR: lifeline},
+                engine_cmd=[sys.executable, "-m", "kit._lifeline", "ipyparallel.engine"],
+            )
+        if self._client is None:
+            self._client = self._ipp.connect_client_sync()
+        reports = self._wait_for_reports(names)
+        for attempt in range(3):
+            taken = [n for n in names if self._tf_configs[n]["task"]["type"] != "evaluator"
+                     and not self._client[reports[n]["engine_id"]].apply_sync(
+                         _remote.port_is_free, ports[n])]
+            if not taken:
+                break
+            self.log.warning("ports taken since they were picked: %s; picking new ones", taken)
+            for n in taken:
+                ports[n] = self._client[reports[n]["engine_id"]].apply_sync(_remote.free_port)
+            self._tf_configs = self._build_configs(names, ports)
+            for n in names:
+                self._client[reports[n]["engine_id"]].apply_sync(
+                    _remote.set_environment, {"TF_CONFIG": tfconfig.dumps(self._tf_configs[n])})
+        else:
+            raise ClusterError(f"could not find free ports for {', '.join(taken)} in 3 tries", taken)
+        self._client[[reports[n]["engine_id"] for n in names]].use_cloudpickle()
+        keras_names = {v: k for k, v in KERAS_CHOICES.items()}
+        for name in names:
+            rep = reports[name]
+            task = self._tf_configs[name]["task"]
+            address = "" if task["type"] == "evaluator" else \
+                self._tf_configs[name]["cluster"][task["type"]][task["index"]]
+            self._tasks[name] = TaskInfo(name=name, type=task["type"], index=task["index"],
+                                         address=address, engine_id=rep["engine_id"],
+                                         pid=rep["pid"], host=rep["hostname"],
+                                         keras=keras_names.get(rep["legacy_keras"], "keras3"))
+
+    def _pick_ports(self, names: list[str]) -> dict[str, int]:
+        ports: dict[str, int] = {}
+        for name in names:
+            port = tfconfig.free_port()
+            while port in ports.values():
+                port = tfconfig.free_port()
+            ports[name] = port
+        return ports
+
+    def _build_configs(self, names: list[str], ports: dict[str, int]) -> dict[str, dict]:
+        training = [n for n in names if not n.startswith("evaluator")]
+        cluster: dict[str, list[str]] = {}
+        for name in training:
+            cluster.setdefault(tfconfig.parse_task(name)[0], []).append(f"{self.options.host}:{ports[name]}")
+        strategy = "parameter_server" if "ps" in cluster else None
+        return {n: tfconfig.build(cluster, n, strategy=strategy) for n in names}
+
+    def _task_environment(self, name: str) -> dict[str, str]:
+        threads = self.options.threads or max(1, _usable_cores() // len(self.task_names))
+        return {
+            **self.options.env,
+            "KIT_TASK": name,
+            "TF_CONFIG": tfconfig.dumps(self._tf_configs[name]),
+            "TF_USE_LEGACY_KERAS": KERAS_CHOICES[self.options.keras],
+            "TF_NUM_INTRAOP_THREADS": str(threads),
+            "TF_NUM_INTEROP_THREADS": str(threads),
+            "OMP_NUM_THREADS": str(threads),
+        }
+
+    def _wait_for_reports(self, names: list[str]) -> dict[str, dict]:
+        """Wait until every task's engine registered; return each one's report, checked."""
+        deadline = time.monotonic() + self.options.start_timeout
+        new_ids = self._new_engine_ids()
+        while len(new_ids) < len(names):
+            exited = [n for n in names if not self._engine_running(n)]
+            if exited:
+                raise ClusterError(f"the engine of {', '.join(exited)} exited during start-up"
+                                   f"{self._log_tail(exited[0])}", exited)
+            if time.monotonic() > deadline:
+                break
+            try:  # wait for one more registration, at most half a second
+                self._client.wait_for_engines(len(self._client.ids) + 1, timeout=0.5,
+                                             interactive=False)
+            except TimeoutError:
+                pass  # none yet: check the processes and the deadline, then wait again
+            new_ids = self._new_engine_ids()
+        reports: dict[str, dict] = {}
+        for engine_id in new_ids:
+            rep = self._client[engine_id].apply_sync(_remote.report)
+            reports[rep["task"]] = {**rep, "engine_id": engine_id}
+        missing = [n for n in names if n not in reports]
+        if missing:
+            raise ClusterError(f"{', '.join(missing)} did not come up within "
+                               f"{self.options.start_timeout:g}s (start_timeout)"
+                               f"{self._log_tail(missing[0])}", missing)
+        for name in names:
+            rep = reports[name]
+            if rep["tensorflow_imported"]:
+                raise ClusterError(f"{name}'s engine imported TensorFlow before its TF_CONFIG was "
+                                   "set; remove TensorFlow from the engine's startup", [name])
+            if rep["tf_config"] is None or tfconfig.loads(rep["tf_config"]) != self._tf_configs[name]:
+                raise ClusterError(f"{name} reports TF_CONFIG {rep['tf_config']!r}, not the one it "
+                                   f"was given ({tfconfig.dumps(self._tf_configs[name])})", [name])
+            if self.options.keras == "tf-keras" and not rep["has_tf_keras"]:
+                raise ClusterError(f"{name} has no tf_keras package, which keras='tf-keras' needs; "
+                                   "pip install tf-keras (same minor version as tensorflow)", [name])
+        return reports
+
+    # ----- helpers ----------------------------------------------------------------------------
+    def _new_engine_ids(self) -> list[int]:
+        return [i for i in self._client.ids if i not in self._retired_ids]
+
+    def _require_started(self) -> None:
+        if not self.started:
+            raise ClusterError("the cluster is not running; use `with TFCluster(...) as cluster:` "
+                               "or call cluster.start()")
+
+    def _select(self, tasks: list[str] | None) -> list[str]:
+        if tasks is None:
+            return self.task_names
+        names = []
+        for task in tasks:
+            name = tfconfig.task_name(*tfconfig.parse_task(task))
+            if name not in self.task_names:
+                raise OptionError("tasks", f"{task!r} is not a task of this cluster",
+                                  f"use one of {', '.join(self.task_names)}")
+            names.append(name)
+        return names
+
+    def _launcher(self, name: str):
+        engine_set = self._ipp.engines.get(_engine_set_id(name)) if self._ipp else None
+        return next(iter(engine_set.launchers.values()), None) if engine_set else None
+
+    def _engine_running(self, name: str) -> bool:
+        launcher = self._launcher(name)
+        return launcher is not None and launcher.state == "running" and \
+            _lifeline.is_alive(launcher.process.pid, launcher.process.create_time())
+
+    def _dead_tasks(self, names: list[str]) -> list[str]:
+        dead = []
+        for name in names:
+            task = self._tasks[name]
+            if self._launcher(name) is not None and not self._process_alive(task.pid):
+                dead.append(name)
+        return dead
+
+    @staticmethod
+    def _process_alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def _log_tail(self, name: str, lines: int = 15) -> str:
+        launcher = self._launcher(name)
+        path = getattr(launcher, "output_file", None)
+        if not path or not os.path.exists(path):
+            return ""
+        with open(path, errors="replace") as f:
+            tail = f.read().splitlines()[-lines:]
+        return f"\n--- last lines of {name}'s engine log ({path}) ---\n" + "\n".join(tail)
+
+    def _owned_pids(self) -> list[int]:
+        """Every process this cluster started, with their children."""
+        procs: list[psutil.Process] = []
+        launchers = [self._ipp.controller] if self._ipp.controller else []
+        for engine_set in self._ipp.engines.values():
+            launchers.extend(getattr(engine_set, "launchers", {}).values())
+        for launcher in launchers:
+            proc = getattr(launcher, "process", None)
+            if proc is None:
+                continue
+            try:
+                procs.extend([proc, *proc.children(recursive=True)])
+            except psutil.NoSuchProcess:
+                continue  # already gone: nothing to stop
+        return [p.pid for p in procs]
+
+    def _stop_engines(self) -> None:
+        pids = [t.pid for t in self._tasks.values()] + self._engine_pids()
+        self._retired_ids.update(t.engine_id for t in self._tasks.values())
+        self._ipp.stop_engines_sync()
+        _reap(pids, self.log)
+        self._tasks.clear()
+
+    def _engine_pids(self) -> list[int]:
+        pids = []
+        for engine_set in self._ipp.engines.values():
+            for launcher in getattr(engine_set, "launchers", {}).values():
+                if getattr(launcher, "process", None) is not None:
+                    pids.append(launcher.process.pid)
+        return pids
+
+    def _collect(self, result: Any, names: list[str]) -> list:
+        values = result.get(return_exceptions=True)
+        if len(names) == 1 and not isinstance(values, list):
+            values = [values]
+        failures = {}
+        order = []
+        for name, value, meta in zip(names, values, _as_list(result.metadata)):
+            if isinstance(value, BaseException):
+                ename = getattr(value, "ename", type(value).__name__)
+                evalue = getattr(value, "evalue", str(value))
+                failures[name] = (f"{ename}: {evalue}", getattr(value, "traceback", "") or "")
+                order.append((meta.get("completed") or meta.get("received") or 0, name))
+        if failures:
+            first = min(order, key=lambda item: (str(item[0]), names.index(item[1])))[1]
+            error, traceback = failures[first]
+            raise WorkerError(first, error, remote_traceback=traceback,
+                              failures={n: e for n, (e, _) in failures.items()})
+        return values
+
+
+def _engine_set_id(name: str) -> str:
+    return name.replace(":", "-")
+
+
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _reap(pids: list[int], log: logging.Logger, timeout: float = 10.0) -> None:
+    """Wait for ``pids`` to exit; SIGKILL those still alive after ``timeout`` seconds."""
+    procs = []
+    for pid in set(pids):
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue  # already gone
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for proc in alive:
+        log.warning("process %s did not stop in %ss; killing it", proc.pid, timeout)
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            continue  # exited just now
+    psutil.wait_procs(alive, timeout=timeout)
+
+
+class _OutputFollower:
+    """Prints each task's new stdout/stderr lines as they arrive, prefixed by the task's name."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.offsets = {(n, s): 0 for n in names for s in ("stdout", "stderr")}
+        self.partial = {key: "" for key in self.offsets}
+
+    def update(self, result: Any, final: bool = False) -> None:
+        for stream_name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+            texts = _as_list(getattr(result, stream_name))
+            for name, text in zip(self.names, texts):
+                key = (name, stream_name)
+                new = text[self.offsets[key]:]
+                self.offsets[key] = len(text)
+                buffered = self.partial[key] + new
+                *lines, rest = buffered.split("\n")
+                if final and rest:
+                    lines.append(rest)
+                    rest = ""
+                self.partial[key] = rest
+                for line in lines:
+                    shown = line.rsplit("\r", 1)[-1]  # progress bars redraw with \r: keep the last
+                    if shown.strip():
+                        print(f"[{name}] {shown}", file=stream, flush=True)

@@ -1,0 +1,102 @@
+"""MNIST for the notebooks and the workers: the bundled copy, checked, kept as uint8.
+
+Images stay uint8 (47 MB for the training set) until a ``map`` casts each batch to float32, so a
+worker does not hold several float copies of the data (one worker peaked at 1.4 GB that way).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .errors import KitError
+
+#: The copy of MNIST shipped in the repository (see data/README.md for provenance and license).
+BUNDLED_MNIST = Path(__file__).resolve().parent.parent / "data" / "mnist.npz"
+#: sha256 of the bundled file.
+BUNDLED_MNIST_SHA256 = "06af5dfe73b70e3bc1c36439982b18a8d76803db9b544f6fdf838a37fbb01b64"
+MNIST_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+TRAIN_EXAMPLES = 60000
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def mnist_path(path: str | os.PathLike | None = None) -> Path:
+    """Where MNIST is read from: ``path``, else ``$KIT_DATA_DIR/mnist.npz``, else the bundled copy."""
+    if path is not None:
+        candidate, source = Path(path), "the path given"
+    elif os.environ.get("KIT_DATA_DIR"):
+        candidate, source = Path(os.environ["KIT_DATA_DIR"]) / "mnist.npz", "$KIT_DATA_DIR"
+    else:
+        candidate, source = BUNDLED_MNIST, "the bundled copy"
+    if not candidate.is_file():
+        raise KitError(f"MNIST not found at {candidate} ({source}). Fix: pass path= to an mnist.npz "
+                       "with x_train, y_train, x_test, y_test, set KIT_DATA_DIR to its folder, or "
+                       "restore data/mnist.npz from the repository")
+    return candidate
+
+
+_CHECKED: set[Path] = set()
+
+
+def load_mnist(path: str | os.PathLike | None = None):
+    """``((x_train, y_train), (x_test, y_test))`` as uint8 arrays, like ``keras.datasets.mnist``.
+
+    The bundled file's sha256 is checked (once per process); other files must hold the four arrays.
+    """
+    source = mnist_path(path)
+    if source == BUNDLED_MNIST and source not in _CHECKED:
+        actual = sha256_of(source)
+        if actual != BUNDLED_MNIST_SHA256:
+            raise KitError(f"{source} has sha256 {actual}, expected {BUNDLED_MNIST_SHA256}: the file "
+                           "is damaged or was replaced. Fix: git checkout data/mnist.npz")
+        _CHECKED.add(source)
+    with np.load(source) as archive:
+        missing = [name for name in MNIST_ARRAYS if name not in archive]
+        if missing:
+            raise KitError(f"{source} lacks the arrays {', '.join(missing)}. Fix: save x_train, "
+                           "y_train, x_test, y_test with numpy.savez_compressed")
+        x_train, y_train, x_test, y_test = (archive[name] for name in MNIST_ARRAYS)
+    return (x_train, y_train), (x_test, y_test)
+
+
+def _scale(images, labels):
+    tf = _tf()
+    return tf.cast(images, tf.float32) / 255.0, tf.cast(labels, tf.int64)
+
+
+def _tf():
+    from ._tf import import_tensorflow
+
+    return import_tensorflow()
+
+
+def mnist_dataset(global_batch_size: int, *, path: str | os.PathLike | None = None,
+                  shuffle_seed: int | None = None, train: bool = True, repeat: bool = True):
+    """The seeds' training pipeline: ``shuffle(60000).repeat().batch(global_batch_size)``.
+
+    Images are cast to float32 in [0, 1] per batch, after shuffling, so only the uint8 copy
+    lives in memory. ``train=False`` gives the test set (not shuffled, not repeated).
+    """
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
+        raise KitError(f"global_batch_size={global_batch_size!r}: it must be a whole number >= 1. "
+                       "Fix: pass per-worker batch × number of workers, e.g. 64 * 2")
+    tf = _tf()
+    (x_train, y_train), (x_test, y_test) = load_mnist(path)
+    if not train:
+        return tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(global_batch_size).map(_scale)
+    dataset = tf.data.Dataset.from_tensor_slices((x_train, y_train))
+    dataset = dataset.shuffle(len(x_train), seed=shuffle_seed)
+    if repeat:
+        dataset = dataset.repeat()
+    return dataset.batch(global_batch_size).map(_scale, num_parallel_calls=tf.data.AUTOTUNE)

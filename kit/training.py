@@ -1,0 +1,87 @@
+"""Training functions that run on a task (an engine) and return plain, picklable results.
+
+Notebooks call them through ``cluster.run(train_mnist, ...)`` and show their source; the demo,
+the benchmark and the tests call the same functions, so what the notebook teaches is what is tested.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ._tf import import_tensorflow, keras_flavour
+
+STRATEGIES = ("multi_worker_mirrored", "default")
+
+
+def make_strategy(name: str):
+    """``multi_worker_mirrored`` (reads TF_CONFIG) or ``default`` (one process, no distribution)."""
+    tf = import_tensorflow()
+    if name == "multi_worker_mirrored":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if name == "default":
+        return tf.distribute.get_strategy()
+    raise ValueError(f"strategy={name!r} is unknown; use one of {', '.join(STRATEGIES)}")
+
+
+def _step_logger(tf, records: dict[str, list], summed_over: int):
+    class StepLogger(tf.keras.callbacks.Callback):
+        """Records the per-step (running mean) loss and per-epoch wall time.
+
+        Under MultiWorkerMirroredStrategy, tf-keras *sums* the per-batch logs over the replicas
+        (``distribute_reduction_method="auto"``), while the epoch logs are right: ``summed_over``
+        divides that sum back into a mean, so step and epoch losses agree.
+        """
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._epoch_start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            records["step_loss"].append(float(logs["loss"]) / summed_over)
+
+        def on_epoch_end(self, epoch, logs=None):
+            records["epoch_seconds"].append(time.perf_counter() - self._epoch_start)
+
+    return StepLogger()
+
+
+def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: int = 70,
+                learning_rate: float = 0.001, strategy: str = "multi_worker_mirrored",
+                seed: int = 42, verbose: int = 2) -> dict[str, Any]:
+    """The seeds' example on this task: build the CNN in ``strategy.scope()`` and ``fit`` MNIST.
+
+    The global batch is ``per_worker_batch × workers``. Returns the task's view of the run: losses
+    and accuracies per epoch, loss per step, steady-state examples/s (epochs after the first, which
+    includes tracing) and wall time.
+    """
+    tf = import_tensorflow()
+    from . import data, models
+
+    started = time.perf_counter()
+    tf.keras.utils.set_random_seed(seed)
+    dist = make_strategy(strategy)
+    workers = dist.num_replicas_in_sync
+    global_batch = per_worker_batch * workers
+    dataset = data.mnist_dataset(global_batch, shuffle_seed=seed)
+    with dist.scope():
+        model = models.build_and_compile_cnn_model(learning_rate=learning_rate)
+    records: dict[str, list] = {"step_loss": [], "epoch_seconds": []}
+    summed_over = workers if isinstance(dist, tf.distribute.MultiWorkerMirroredStrategy) else 1
+    history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
+                        callbacks=[_step_logger(tf, records, summed_over)])
+    timed = records["epoch_seconds"][1:] or records["epoch_seconds"]
+    examples = global_batch * steps_per_epoch * len(timed)
+    return {
+        "task": os.environ.get("KIT_TASK", "local"),
+        "keras": keras_flavour(),
+        "strategy": strategy,
+        "workers": workers,
+        "global_batch": global_batch,
+        "loss": [float(v) for v in history.history["loss"]],
+        "accuracy": [float(v) for v in history.history["accuracy"]],
+        "step_loss": records["step_loss"],
+        "epoch_seconds": records["epoch_seconds"],
+        "examples_per_second": examples / sum(timed),
+        "wall_seconds": time.perf_counter() - started,
+    }

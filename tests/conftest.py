@@ -1,0 +1,82 @@
+"""Fixtures: clusters that always stop, and a census of the processes the kit started."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def kit_processes(owner_pid: int | None = None) -> list[psutil.Process]:
+    """Live processes started by the kit for ``owner_pid`` (default: for any owner).
+
+    Found by the ``KIT_LIFELINE`` variable that the kit gives its controller and engines and that
+    their own children (heart monitor, engine nanny) inherit.
+    """
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            lifeline = proc.environ().get("KIT_LIFELINE")
+            if lifeline is None or (owner_pid is not None and not lifeline.startswith(f"{owner_pid}:")):
+                continue
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue  # gone (fine), or not a process of ours
+    return found
+
+
+def describe(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for proc in procs:
+        try:
+            out.append(f"{proc.pid}: {' '.join(proc.cmdline()[:5])}")
+        except psutil.Error:
+            out.append(f"{proc.pid}: (exited)")
+    return out
+
+
+@pytest.fixture
+def no_leaks():
+    """Fails the test if a kit process it started (directly or not) is still alive afterwards."""
+    before = {p.pid for p in kit_processes(os.getpid())}  # e.g. a module-scoped cluster's
+    yield
+    left = [p for p in kit_processes(os.getpid()) if p.pid not in before]
+    message = describe(left)
+    for proc in left:
+        proc.kill()
+    assert not left, f"processes outlived their cluster: {message}"
+
+
+@pytest.fixture
+def make_cluster(no_leaks):
+    """``make_cluster(**options)`` starts a TFCluster that is stopped at the end of the test."""
+    from kit.cluster import TFCluster
+
+    clusters = []
+
+    def factory(**options):
+        cluster = TFCluster(**options)
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield factory
+    for cluster in clusters:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    """One 2-worker cluster shared by the read-only tests of a module."""
+    from kit.cluster import TFCluster
+
+    with TFCluster(workers=2) as cluster:
+        yield cluster
+    left = kit_processes(os.getpid())
+    assert not left, f"processes outlived their cluster: {describe(left)}"

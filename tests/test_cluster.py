@@ -1,0 +1,311 @@
+"""kit.TFCluster: start, run, errors, and that no process outlives its cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from conftest import REPO, kit_processes
+from kit import tfconfig
+from kit.cluster import TFCluster, _usable_cores
+from kit.errors import ClusterError, OptionError, WorkerError
+
+
+def wait_until_gone(pids, timeout):
+    """Seconds until every pid has exited (zombies count as exited); fails after ``timeout``."""
+    start = time.monotonic()
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    while time.monotonic() - start < timeout:
+        alive = []
+        for p in procs:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                continue
+        if not alive:
+            return time.monotonic() - start
+        psutil.wait_procs(alive, timeout=0.2)
+    pytest.fail(f"still running after {timeout}s: {[p.pid for p in alive]}")
+
+
+# ----- options ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("options, field", [({"workers": -1}, "workers"), ({"workers": "2"}, "workers"),
+                                            ({"workers": 0}, "workers"), ({"ps": 1.5}, "ps"),
+                                            ({"chief": "yes"}, "chief"), ({"keras": "keras2"}, "keras"),
+                                            ({"threads": 0}, "threads"), ({"start_timeout": 0}, "start_timeout"),
+                                            ({"worker": 2}, "worker")])
+def test_bad_options_name_the_field(options, field):
+    with pytest.raises(OptionError) as info:
+        TFCluster(**options)
+    assert info.value.field == field and "Fix:" in str(info.value)
+
+
+def test_task_names_follow_the_layout():
+    cluster = TFCluster(workers=2, chief=True, ps=1, evaluator=True)
+    assert cluster.task_names == ["chief:0", "worker:0", "worker:1", "ps:0", "evaluator:0"]
+    with pytest.raises(ClusterError, match="not running"):
+        cluster.run(print)
+
+
+# ----- a running cluster ---------------------------------------------------------------------------
+def test_tasks_describe_each_engine(two_workers):
+    tasks = two_workers.tasks
+    assert [t.name for t in tasks] == ["worker:0", "worker:1"]
+    assert len({t.engine_id for t in tasks}) == 2 and len({t.address for t in tasks}) == 2
+    assert all(psutil.pid_exists(t.pid) and t.keras == "tf-keras" for t in tasks)
+    assert all(t.address.startswith("127.0.0.1:") for t in tasks)
+    assert list(two_workers.describe().index) == ["worker:0", "worker:1"]
+
+
+def test_each_engine_has_its_tf_config_and_environment_before_tensorflow(two_workers):
+    def environment():
+        import os
+        import sys
+        return {k: os.environ.get(k) for k in ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "TF_NUM_INTRAOP_THREADS",
+                                               "OMP_NUM_THREADS", "KIT_TASK")} | {"pid": os.getpid()}
+
+    threads = str(max(1, _usable_cores() // 2))
+    for task, env in zip(two_workers.tasks, two_workers.run(environment)):
+        config = tfconfig.loads(env["TF_CONFIG"], strategy="multi_worker_mirrored")
+        assert config == two_workers.tf_configs[task.name]
+        assert config["task"] == {"type": "worker", "index": task.index}
+        assert env["TF_USE_LEGACY_KERAS"] == "1" and env["KIT_TASK"] == task.name
+        assert env["TF_NUM_INTRAOP_THREADS"] == env["OMP_NUM_THREADS"] == threads
+        assert env["pid"] == task.pid
+
+
+def test_run_returns_results_in_task_order_with_args(two_workers):
+    def scaled(x, factor=1):
+        import os
+        return (os.environ["KIT_TASK"], x * factor)
+
+    assert two_workers.run(scaled, 3, factor=2) == [("worker:0", 6), ("worker:1", 6)]
+    assert two_workers.run(scaled, 1, tasks=["worker:1"]) == [("worker:1", 1)]
+    with pytest.raises(OptionError, match="worker:5"):
+        two_workers.run(scaled, 1, tasks=["worker:5"])
+
+
+def test_output_is_streamed_with_the_task_name(two_workers, capsys):
+    def chatty():
+        import os
+        import sys
+        print(f"hello from {os.environ['KIT_TASK']}")
+        print("progress\rdone", file=sys.stderr)
+
+    two_workers.run(chatty)
+    captured = capsys.readouterr()
+    assert "[worker:0] hello from worker:0" in captured.out
+    assert "[worker:1] hello from worker:1" in captured.out
+    assert "[worker:1] done" in captured.err and "progress" not in captured.err
+    two_workers.run(chatty, stream=False)
+    assert "hello" not in capsys.readouterr().out
+
+
+def test_an_exception_names_its_task_with_the_remote_traceback(two_workers):
+    def fails_on_worker_1():
+        import os
+        if os.environ["KIT_TASK"] == "worker:1":
+            raise ValueError("bad value on purpose")
+        return "ok"
+
+    with pytest.raises(WorkerError) as info:
+        two_workers.run(fails_on_worker_1)
+    error = info.value
+    assert error.task == "worker:1" and error.failures == {"worker:1": "ValueError: bad value on purpose"}
+    assert "fails_on_worker_1" in error.remote_traceback and "bad value on purpose" in str(error)
+    assert two_workers.run(os.getpid) == [t.pid for t in two_workers.tasks]  # still usable
+
+
+def test_run_timeout(make_cluster):
+    cluster = make_cluster(workers=1)
+
+    def slow():
+        import time
+        time.sleep(30)
+
+    start = time.monotonic()
+    with pytest.raises(ClusterError, match="timed out"):
+        cluster.run(slow, timeout=1)
+    assert time.monotonic() - start < 10
+
+
+# ----- no process outlives its cluster -------------------------------------------------------------
+def test_stop_ends_engines_and_controller(no_leaks):
+    before = {p.pid for p in kit_processes(os.getpid())}
+    cluster = TFCluster(workers=2).start()
+    pids = [p.pid for p in kit_processes(os.getpid()) if p.pid not in before]
+    assert set(pids) >= {t.pid for t in cluster.tasks} | {cluster._ipp.controller.process.pid}
+    cluster.stop()
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    cluster.stop()  # idempotent
+
+
+def test_exception_inside_with_block_stops_everything(no_leaks):
+    with pytest.raises(KeyError):
+        with TFCluster(workers=1) as cluster:
+            pids = [t.pid for t in cluster.tasks]
+            raise KeyError("user code failed")
+    assert not any(psutil.pid_exists(p) for p in pids)
+
+
+def test_engines_exit_when_the_controller_is_killed(make_cluster):
+    cluster = make_cluster(workers=2)
+    controller = cluster._ipp.controller.process.pid
+    everything = [p.pid for p in kit_processes(os.getpid())
+                  if p.pid == controller or f",{controller}:" in p.environ()["KIT_LIFELINE"]
+                  or p.ppid() == controller]
+    assert len(everything) >= 5  # controller, its heart monitor, 2 engines, their nannies
+    os.kill(controller, signal.SIGKILL)
+    seconds = wait_until_gone(everything, timeout=15)
+    print(f"engines and the controller's helpers exited {seconds:.1f}s after the controller was killed")
+
+
+def test_everything_exits_when_the_owner_is_killed(tmp_path, no_leaks):
+    """A killed notebook kernel runs no atexit: the lifeline must take the cluster down."""
+    script = tmp_path / "owner.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from kit.cluster import TFCluster
+        import psutil
+        cluster = TFCluster(workers=2).start()
+        print(json.dumps([p.pid for p in psutil.Process().children(recursive=True)]), flush=True)
+        sys.stdin.read()  # block until killed
+    """))
+    owner = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, cwd=tmp_path)
+    try:
+        pids = json.loads(owner.stdout.readline())
+        assert len(pids) >= 5 and all(psutil.pid_exists(p) for p in pids)
+    finally:
+        owner.kill()
+        owner.wait()
+    seconds = wait_until_gone(pids, timeout=15)
+    print(f"controller and engines exited {seconds:.1f}s after their owner was killed")
+    assert not kit_processes(owner.pid)
+
+
+def test_a_killed_task_fails_the_run_then_restart_gives_fresh_engines(make_cluster):
+    cluster = make_cluster(workers=2)
+    old = {t.name: t for t in cluster.tasks}
+
+    def wait_forever():
+        import time
+        while True:
+            time.sleep(0.1)
+
+    import threading
+    killer = threading.Timer(1.0, cluster.kill, args=("worker:1",))
+    killer.start()
+    with pytest.raises(WorkerError) as info:
+        cluster.run(wait_forever, timeout=30)
+    killer.join()
+    assert info.value.task == "worker:1" and "exited" in info.value.error
+    with pytest.raises(ClusterError, match="restart"):
+        cluster.run(os.getpid)
+    cluster.restart()
+    new = {t.name: t for t in cluster.tasks}
+    assert all(new[n].pid != old[n].pid and new[n].engine_id != old[n].engine_id for n in new)
+    assert not psutil.pid_exists(old["worker:0"].pid)  # the survivor was replaced too
+    assert cluster.run(os.getpid) == [new["worker:0"].pid, new["worker:1"].pid]
+    assert cluster.tf_configs["worker:1"]["cluster"] == cluster.tf_configs["worker:0"]["cluster"]
+
+
+# ----- start-up failures ---------------------------------------------------------------------------
+def test_a_port_taken_after_it_was_picked_is_replaced(make_cluster, monkeypatch):
+    with socket.socket() as squatter:
+        squatter.bind(("", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        original = TFCluster._pick_ports
+
+        def pick_a_taken_port(self, names):
+            ports = original(self, names)
+            ports[names[1]] = taken
+            return ports
+
+        monkeypatch.setattr(TFCluster, "_pick_ports", pick_a_taken_port)
+        cluster = make_cluster(workers=2)
+        addresses = [t.address for t in cluster.tasks]
+        assert f"127.0.0.1:{taken}" not in addresses
+
+        def seen_tf_config():
+            import json
+            import os
+            return json.loads(os.environ["TF_CONFIG"])
+
+        assert cluster.run(seen_tf_config) == [cluster.tf_configs[n] for n in cluster.task_names]
+
+
+def broken_startup(tmp_path, monkeypatch, body):
+    """Make worker:1's Python run ``body`` at start-up (through sitecustomize on its PYTHONPATH)."""
+    (tmp_path / "sitecustomize.py").write_text(body)
+    original = TFCluster._task_environment
+
+    def environment(self, name):
+        env = original(self, name)
+        if name == "worker:1":
+            env["PYTHONPATH"] = str(tmp_path)
+        return env
+
+    monkeypatch.setattr(TFCluster, "_task_environment", environment)
+
+
+def test_a_task_that_crashes_at_start_is_named(tmp_path, monkeypatch, no_leaks):
+    broken_startup(tmp_path, monkeypatch, "import os, sys\nprint('engine refuses to start', file=sys.stderr)\nos._exit(7)\n")
+    with pytest.raises(ClusterError) as info:
+        TFCluster(workers=2, start_timeout=30).start()
+    assert info.value.tasks == ["worker:1"]
+    assert "exited during start-up" in str(info.value)
+
+
+def test_a_task_that_never_comes_up_is_named_after_the_timeout(tmp_path, monkeypatch, no_leaks):
+    broken_startup(tmp_path, monkeypatch, "import time\ntime.sleep(120)\n")
+    start = time.monotonic()
+    with pytest.raises(ClusterError) as info:
+        TFCluster(workers=2, start_timeout=8).start()
+    assert info.value.tasks == ["worker:1"] and "start_timeout" in str(info.value)
+    assert time.monotonic() - start < 30
+
+
+# ----- training ---------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_two_workers_train_in_lockstep(make_cluster):
+    from kit.training import train_mnist
+
+    cluster = make_cluster(workers=2)
+    results = cluster.run(train_mnist, per_worker_batch=32, epochs=2, steps_per_epoch=5, verbose=0)
+    assert [r["task"] for r in results] == ["worker:0", "worker:1"]
+    assert all(r["workers"] == 2 and r["global_batch"] == 64 and r["keras"] == "tf-keras" for r in results)
+    np.testing.assert_allclose(results[0]["loss"], results[1]["loss"], rtol=1e-5)
+    assert len(results[0]["step_loss"]) == 10
+    # the last step's running mean is the epoch's loss (tf-keras sums per-batch logs over workers)
+    np.testing.assert_allclose(results[0]["step_loss"][4::5], results[0]["loss"], rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_keras3_choice_is_visible_and_real(make_cluster):
+    cluster = make_cluster(workers=1, keras="keras3")
+    assert cluster.tasks[0].keras == "keras3"
+
+    def flavour():
+        from kit._tf import keras_flavour
+        return keras_flavour()
+
+    assert cluster.run(flavour) == ["keras3"]
