@@ -201,6 +201,24 @@ def test_everything_exits_when_the_owner_is_killed(tmp_path, no_leaks):
     assert not kit_processes(owner.pid)
 
 
+def test_interpreter_exit_without_stop_ends_everything(tmp_path, no_leaks):
+    script = tmp_path / "forgetful.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(REPO)!r})
+        import psutil
+        from kit.cluster import TFCluster
+        cluster = TFCluster(workers=1).start()  # never stopped: atexit must do it
+        print(json.dumps([p.pid for p in psutil.Process().children(recursive=True)]), flush=True)
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    pids = json.loads(result.stdout.splitlines()[-1])
+    assert len(pids) >= 3
+    wait_until_gone(pids, timeout=10)
+
+
 def test_a_killed_task_fails_the_run_then_restart_gives_fresh_engines(make_cluster):
     cluster = make_cluster(workers=2)
     old = {t.name: t for t in cluster.tasks}
