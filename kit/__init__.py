@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ClusterError, KitError, OptionError, TFConfigError, WorkerError
+from .errors import (ClusterError, FailuresExhaustedError, KitError, OptionError, TFConfigError,
+                     WorkerError)
 
 __version__ = "0.1.0"
 __all__ = ["TFCluster", "ClusterOptions", "TaskInfo", "KitError", "TFConfigError", "ClusterError",
-           "OptionError", "WorkerError", "tfconfig", "data", "models", "training"]
+           "OptionError", "WorkerError", "FailuresExhaustedError", "tfconfig", "data", "models", "training"]
 
 _LAZY = {"TFCluster": "cluster", "ClusterOptions": "cluster", "TaskInfo": "cluster"}
 _SUBMODULES = {"tfconfig", "data", "models", "training", "cluster", "results", "plots", "experiments"}

@@ -16,6 +16,7 @@ import atexit
 import dataclasses
 import logging
 import os
+import re
 import shutil
 import signal as signals
 import sys
@@ -29,7 +30,7 @@ import ipyparallel as ipp
 import psutil
 
 from . import _lifeline, _remote, tfconfig
-from .errors import ClusterError, OptionError, WorkerError
+from .errors import ClusterError, FailuresExhaustedError, OptionError, WorkerError
 
 KERAS_CHOICES = {"tf-keras": "1", "keras3": "0"}
 
@@ -146,6 +147,9 @@ class TFCluster:
         self._tasks: dict[str, TaskInfo] = {}
         self._tf_configs: dict[str, dict] = {}
         self._lost: list[str] = []
+        self._needs_restart = ""  # why the engines must be replaced before the next run
+        #: Every failure a supervised run (``max_failures``) saw, across runs.
+        self.failures: list[Failure] = []
         self._retired_ids: set[int] = set()  # engine ids of engines this cluster replaced
         self.started = False
 
@@ -230,42 +234,109 @@ class TFCluster:
         return f"<TFCluster {', '.join(self.task_names)} ({state})>"
 
     def run(self, fn: Callable, *args: Any, tasks: list[str] | None = None,
-            timeout: float | None = None, stream: bool = True, **kwargs: Any) -> list:
+            timeout: float | None = None, stream: bool = True, max_failures: int = 0,
+            **kwargs: Any) -> list:
         """Run ``fn(*args, **kwargs)`` on every task at once; return the results in task order.
 
         ``tasks`` restricts the run to some tasks (names like "worker:1"). Each task's output is
-        printed as it comes, prefixed with the task's name (``stream=False`` to keep it quiet). A
+        printed as it comes, prefixed with the task's name (``stream=False`` keeps it quiet). A
         failure on any task raises :class:`WorkerError` naming the task that failed first, with
-        its remote traceback; a task whose process dies marks the cluster as needing restart().
+        its remote traceback. ``timeout`` (seconds) bounds the run.
+
+        With ``max_failures=N`` the cluster supervises the run: when a task dies, raises or times
+        out, every engine is replaced (:meth:`restart`) and ``fn`` is called again, up to N times;
+        after that :class:`FailuresExhaustedError` lists every failure. Each failure is printed as
+        it happens and kept in :attr:`failures`. ``fn`` must resume by itself (e.g. Keras's
+        BackupAndRestore) for the work done before a failure to count.
         """
+        if isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 0:
+            raise OptionError("max_failures", f"{max_failures!r} is not a whole number >= 0",
+                              "e.g. max_failures=2 restarts the cluster at most twice")
+        name = getattr(fn, "__name__", str(fn))
+        failures: list[Failure] = []
+        while True:
+            try:
+                return self._run_once(fn, args, kwargs, tasks, timeout, stream)
+            except (WorkerError, ClusterError) as error:
+                if max_failures == 0:
+                    raise
+                failure = Failure(attempt=len(failures) + 1, task=_failed_task(error),
+                                  error=str(error).split("\n")[0], failed_at=time.time())
+                failures.append(failure)
+                self.failures.append(failure)
+                if len(failures) > max_failures:
+                    print(f"[kit] {failure.task} failed again: {failure.error}; giving up after "
+                          f"{max_failures} restart(s)", file=sys.stderr, flush=True)
+                    raise FailuresExhaustedError(name, failures) from error
+                print(f"[kit] attempt {failure.attempt}: {failure.task} failed: {failure.error}",
+                      file=sys.stderr, flush=True)
+                print(f"[kit] restarting all {len(self.task_names)} tasks with fresh engines "
+                      f"(restart {len(failures)} of at most {max_failures})", file=sys.stderr, flush=True)
+                self._supervised_restart(failures, max_failures, name)
+                failure.restarted_at = time.time()
+                print(f"[kit] restarted in {failure.restarted_at - failure.failed_at:.1f}s; "
+                      f"running {name} again", file=sys.stderr, flush=True)
+
+    def _supervised_restart(self, failures: list["Failure"], max_failures: int, name: str) -> None:
+        """Restart until the cluster is up; a restart that fails counts as one more failure."""
+        while True:
+            try:
+                if self.started:
+                    self.restart()
+                else:  # a previous restart failed half-way: start from scratch
+                    self.start()
+                return
+            except ClusterError as error:
+                failure = Failure(attempt=len(failures) + 1, task=_failed_task(error),
+                                  error=f"restart failed: {str(error).splitlines()[0]}",
+                                  failed_at=time.time())
+                failures.append(failure)
+                self.failures.append(failure)
+                print(f"[kit] {failure.error}", file=sys.stderr, flush=True)
+                if len(failures) > max_failures:
+                    raise FailuresExhaustedError(name, failures) from error
+
+    def _run_once(self, fn: Callable, args: tuple, kwargs: dict, tasks: list[str] | None,
+                  timeout: float | None, stream: bool) -> list:
         self._require_started()
-        if self._lost:
-            raise ClusterError(f"the cluster lost {', '.join(self._lost)}; its other tasks may be "
-                               "stuck in collectives. Call cluster.restart() for fresh engines.",
+        if self._needs_restart:
+            raise ClusterError(f"{self._needs_restart}. Call cluster.restart() for fresh engines.",
                                self._lost)
         names = self._select(tasks)
+        name = getattr(fn, "__name__", str(fn))
         view = self._client[[self._tasks[n].engine_id for n in names]]
         result = view.apply_async(fn, *args, **kwargs)
         follower = _OutputFollower(names) if stream else None
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not result.wait(0.2):
-            if follower:
-                follower.update(result)
-            dead = self._dead_tasks(names)
-            if dead:
+        try:
+            while not result.wait(0.2):
                 if follower:
-                    follower.update(result, final=True)
-                self._lost = dead
-                raise WorkerError(dead[0], f"its engine process exited while running "
-                                  f"{getattr(fn, '__name__', fn)!s}{self._log_tail(dead[0])}",
-                                  failures={n: "process exited" for n in dead})
-            if deadline is not None and time.monotonic() > deadline:
-                result.abort()
-                raise ClusterError(f"run of {getattr(fn, '__name__', fn)} timed out after "
-                                   f"{timeout:g}s; call cluster.restart() before the next run", names)
-        if follower:
-            result.wait_for_output(timeout=5)  # iopub output may trail the reply a little
-            follower.update(result, final=True)
+                    follower.update(result)
+                dead = self._dead_tasks(names)
+                if dead:
+                    self._lost = dead
+                    self._needs_restart = f"the cluster lost {', '.join(dead)}"
+                    raise WorkerError(dead[0], f"its engine process exited while running {name}"
+                                      f"{self._log_tail(dead[0])}",
+                                      failures={n: "process exited" for n in dead})
+                if any(meta.get("status") == "error" for meta in _as_list(result.metadata)):
+                    # one task failed; the others may be blocked in a collective waiting for it
+                    if not result.wait(FAILED_PEERS_GRACE_SECONDS):
+                        running = [n for n, meta in zip(names, _as_list(result.metadata))
+                                   if meta.get("status") is None]
+                        self._needs_restart = (f"{', '.join(running)} still running {name} after "
+                                               "another task failed")
+                        self._collect(result, names, partial=True)
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    self._needs_restart = f"a run of {name} timed out"
+                    raise ClusterError(f"run of {name} timed out after {timeout:g}s; call "
+                                       "cluster.restart() before the next run", names)
+        finally:
+            if follower:
+                if result.ready():
+                    result.wait_for_output(timeout=5)  # iopub output may trail the reply a little
+                follower.update(result, final=True)
         return self._collect(result, names)
 
     def kill(self, task: str, signal: int = signals.SIGKILL) -> None:
@@ -293,6 +364,7 @@ class TFCluster:
     def _start_engines(self) -> None:
         """Launch one engine per task and wait until each reports the TF_CONFIG it was given."""
         self._lost = []
+        self._needs_restart = ""
         self._tasks.clear()
         names = self.task_names
         ports = self._pick_ports(names)
@@ -477,6 +549,13 @@ class TFCluster:
     def _stop_engines(self) -> None:
         pids = [t.pid for t in self._tasks.values()] + self._engine_pids()
         self._retired_ids.update(t.engine_id for t in self._tasks.values())
+        # their state is being thrown away, and a task blocked in a collective ignores SIGTERM
+        for engine_set in self._ipp.engines.values():
+            for launcher in getattr(engine_set, "launchers", {}).values():
+                try:
+                    launcher.process.kill()
+                except psutil.NoSuchProcess:
+                    continue  # already dead: typically the task whose failure led here
         self._ipp.stop_engines_sync()
         _reap(pids, self.log)
         self._tasks.clear()
@@ -489,8 +568,16 @@ class TFCluster:
                     pids.append(launcher.process.pid)
         return pids
 
-    def _collect(self, result: Any, names: list[str]) -> list:
-        values = result.get(return_exceptions=True)
+    def _collect(self, result: Any, names: list[str], partial: bool = False) -> list:
+        """The results in task order; raise WorkerError if any task failed.
+
+        ``partial``: some tasks are still running; look only at those that finished.
+        """
+        if partial:
+            values = [meta.get("error") if meta.get("status") == "error" else None
+                      for meta in _as_list(result.metadata)]
+        else:
+            values = result.get(return_exceptions=True)
         if len(names) == 1 and not isinstance(values, list):
             values = [values]
         failures = {}
@@ -499,7 +586,7 @@ class TFCluster:
             if isinstance(value, BaseException):
                 ename = getattr(value, "ename", type(value).__name__)
                 evalue = getattr(value, "evalue", str(value))
-                failures[name] = (f"{ename}: {evalue}", getattr(value, "traceback", "") or "")
+                failures[name] = (f"{ename}: {evalue}", _ANSI.sub("", getattr(value, "traceback", "") or ""))
                 order.append((meta.get("completed") or meta.get("received") or 0, name))
         if failures:
             first = min(order, key=lambda item: (str(item[0]), names.index(item[1])))[1]
@@ -507,6 +594,29 @@ class TFCluster:
             raise WorkerError(first, error, remote_traceback=traceback,
                               failures={n: e for n, (e, _) in failures.items()})
         return values
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: After one task fails, how long the others get to finish before the cluster is marked stale.
+FAILED_PEERS_GRACE_SECONDS = 2.0
+
+
+@dataclasses.dataclass
+class Failure:
+    """One failure seen by a supervised run."""
+
+    attempt: int      #: 1 for the first failure of a run
+    task: str         #: the task that failed first
+    error: str        #: one line
+    failed_at: float  #: time.time() when the kit saw it
+    restarted_at: float | None = None  #: time.time() when fresh engines were ready
+
+
+def _failed_task(error: Exception) -> str:
+    if isinstance(error, WorkerError):
+        return error.task
+    tasks = getattr(error, "tasks", None)
+    return tasks[0] if tasks else "cluster"
 
 
 def _engine_set_id(name: str) -> str:

@@ -55,3 +55,14 @@ class WorkerError(KitError, RuntimeError):
         if remote_traceback:
             message += f"\n\nRemote traceback from {task}:\n{remote_traceback}"
         super().__init__(message)
+
+
+class FailuresExhaustedError(KitError, RuntimeError):
+    """A supervised run failed more often than ``max_failures`` allowed; ``failures`` lists each."""
+
+    def __init__(self, function: str, failures: list):
+        self.failures = list(failures)
+        lines = "\n".join(f"  {f.attempt}. {f.task}: {f.error}" for f in self.failures)
+        super().__init__(f"{function} failed {len(self.failures)} time(s), more than max_failures="
+                         f"{len(self.failures) - 1} allows:\n{lines}\nFix: look at the first failure; "
+                         "raise max_failures if the failures are transient")

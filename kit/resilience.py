@@ -1,0 +1,262 @@
+"""Fault tolerance on the workers: injected failures, a step journal, and resumable training.
+
+Everything here runs on the engines. A run keeps its state in a *run directory* that every task
+can reach (one machine: any folder; several hosts: a shared file system):
+
+- ``backup/``: Keras ``BackupAndRestore`` (tf-keras has the chief/worker logic: the chief writes
+  here, the other workers write temporary copies that are deleted);
+- ``journal/<task>.jsonl``: one line per training step and per (re)start, so that what a
+  failure cost (steps redone, time to resume) can be measured after the fact;
+- ``faults/``: marker files that make an injected failure fire once, not again after resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal as signals
+import time
+from pathlib import Path
+from typing import Any
+
+from ._tf import import_tensorflow
+
+
+class Preempted(RuntimeError):
+    """Raised on every worker after PreemptionCheckpointHandler saved for a preemption."""
+
+
+def task_name() -> str:
+    """This engine's task name (``KIT_TASK``), or ``local`` outside a kit cluster."""
+    return os.environ.get("KIT_TASK", "local")
+
+
+# ----- the journal ---------------------------------------------------------------------------------
+class Journal:
+    """Appends JSON lines to ``run_dir/journal/<task>.jsonl`` (one file per task: no shared writes)."""
+
+    def __init__(self, run_dir: str | os.PathLike, task: str | None = None):
+        self.task = task or task_name()
+        self.path = Path(run_dir) / "journal" / f"{self.task.replace(':', '-')}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.attempt = sum(1 for r in self.read_own() if r["event"] == "start") + 1
+
+    def read_own(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def write(self, event: str, **fields: Any) -> None:
+        record = {"event": event, "task": self.task, "attempt": self.attempt, "time": time.time(), **fields}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())  # a SIGKILL right after must not lose the line
+
+
+def read_journal(run_dir: str | os.PathLike) -> list[dict]:
+    """Every record of every task, in time order."""
+    records = []
+    for path in sorted((Path(run_dir) / "journal").glob("*.jsonl")):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(records, key=lambda r: r["time"])
+
+
+def summarize(run_dir: str | os.PathLike, task: str = "worker:0") -> dict[str, Any]:
+    """What the journal of ``task`` says about a run: attempts, steps redone, time to resume.
+
+    ``final_epochs`` are the epochs whose end the last attempt of each epoch recorded; a run that
+    covered its epochs exactly once has them as ``0..epochs-1`` with no repeats.
+    """
+    records = [r for r in read_journal(run_dir) if r["task"] == task]
+    steps = [r for r in records if r["event"] == "step"]
+    starts = [r for r in records if r["event"] == "start"]
+    seen: dict[int, int] = {}
+    redone = 0
+    for r in steps:
+        seen[r["global_step"]] = seen.get(r["global_step"], 0) + 1
+        redone += seen[r["global_step"]] > 1
+    epoch_ends: dict[int, dict] = {}
+    for r in records:
+        if r["event"] == "epoch_end":
+            epoch_ends[r["epoch"]] = r  # a later attempt overrides an earlier one
+    resumes = []
+    for start in starts[1:]:
+        before = [r for r in steps if r["time"] < start["time"]]
+        after = [r for r in steps if r["time"] > start["time"]]
+        if before and after:
+            resumes.append({"attempt": start["attempt"], "last_step_before": before[-1]["global_step"],
+                            "last_step_time": before[-1]["time"], "start_time": start["time"],
+                            "first_step_after": after[0]["global_step"],
+                            "first_step_time": after[0]["time"], "initial_step": start["initial_step"]})
+    return {"attempts": len(starts), "steps_run": len(steps), "distinct_steps": len(seen),
+            "steps_redone": redone, "final_epochs": sorted(epoch_ends), "resumes": resumes,
+            "completed": any(r["event"] == "end" for r in records)}
+
+
+# ----- injected failures ---------------------------------------------------------------------------
+def fire_once(run_dir: str | os.PathLike, name: str) -> bool:
+    """True the first time it is called for ``name`` in ``run_dir`` (across restarts), then False."""
+    marker = Path(run_dir) / "faults" / name
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, f"{task_name()} {time.time()}\n".encode())
+    os.close(fd)
+    return True
+
+
+def kill_at_step_callback(run_dir: str | os.PathLike, task: str, global_step: int,
+                          sig: int = signals.SIGKILL):
+    """A Keras callback that sends ``sig`` to its own process on ``task`` after ``global_step``.
+
+    Fires once per run directory, so the resumed run passes the same step. The journal records
+    the kill time just before the signal.
+    """
+    tf = import_tensorflow()
+    journal_dir = run_dir
+
+    class KillAtStep(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            step = int(self.model.optimizer.iterations.numpy())
+            if task_name() == task and step == global_step and fire_once(journal_dir, f"kill-{task}-{step}"):
+                Journal(journal_dir).write("kill", global_step=step, signal=int(sig))
+                os.kill(os.getpid(), sig)
+
+    return KillAtStep()
+
+
+def journal_callback(journal: Journal, summed_over: int = 1):
+    """A Keras callback that journals every step (global step, loss) and epoch end."""
+    tf = import_tensorflow()
+
+    class JournalCallback(tf.keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            journal.write("start", initial_step=int(self.model.optimizer.iterations.numpy()))
+
+        def on_train_batch_end(self, batch, logs=None):
+            journal.write("step", global_step=int(self.model.optimizer.iterations.numpy()),
+                          loss=float(logs["loss"]) / summed_over)
+
+        def on_epoch_end(self, epoch, logs=None):
+            journal.write("epoch_end", epoch=int(epoch), loss=float(logs["loss"]),
+                          global_step=int(self.model.optimizer.iterations.numpy()))
+
+        def on_train_end(self, logs=None):
+            journal.write("end", global_step=int(self.model.optimizer.iterations.numpy()))
+
+    return JournalCallback()
+
+
+# ----- resumable training --------------------------------------------------------------------------
+def train_resumable(run_dir: str, per_worker_batch: int = 64, epochs: int = 4, steps_per_epoch: int = 20,
+                    save_freq: str | int = "epoch", kill_task: str | None = None,
+                    kill_at_global_step: int | None = None, kill_signal: int = signals.SIGKILL,
+                    learning_rate: float = 0.001, seed: int = 42, verbose: int = 0) -> dict[str, Any]:
+    """The seeds' example under MultiWorkerMirroredStrategy, resumable with ``BackupAndRestore``.
+
+    Call it again after a failure (``cluster.run(train_resumable, ..., max_failures=2)``): it
+    resumes from the last backup in ``run_dir/backup`` (per epoch, or every ``save_freq`` steps).
+    ``kill_task``/``kill_at_global_step`` inject one failure. Returns this attempt's history.
+    """
+    tf = import_tensorflow()
+    from . import data, models
+
+    tf.keras.utils.set_random_seed(seed)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    workers = strategy.num_replicas_in_sync
+    journal = Journal(run_dir)
+    dataset = data.mnist_dataset(per_worker_batch * workers, shuffle_seed=seed)
+    with strategy.scope():
+        model = models.build_and_compile_cnn_model(learning_rate=learning_rate)
+    callbacks = [
+        tf.keras.callbacks.BackupAndRestore(backup_dir=str(Path(run_dir) / "backup"), save_freq=save_freq),
+        journal_callback(journal, summed_over=workers),
+    ]
+    if kill_task is not None and kill_at_global_step is not None:
+        callbacks.append(kill_at_step_callback(run_dir, kill_task, kill_at_global_step, kill_signal))
+    history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
+                        callbacks=callbacks)
+    return {"task": task_name(), "attempt": journal.attempt, "epochs_run": list(history.epoch),
+            "loss": [float(v) for v in history.history["loss"]],
+            "global_step": int(model.optimizer.iterations.numpy())}
+
+
+def remove_backup_dir(run_dir: str | os.PathLike) -> None:
+    """After a finished run: remove ``run_dir/backup``, which BackupAndRestore left empty.
+
+    Raises if files remain there (a run that did not finish, or a worker's temporary copy that
+    was not deleted), so that nothing is removed that could still be needed.
+    """
+    backup = Path(run_dir) / "backup"
+    if not backup.exists():
+        return
+    left = [str(p.relative_to(backup)) for p in backup.rglob("*")]
+    if left:
+        raise RuntimeError(f"{backup} still holds {left[:5]}: the run did not finish cleanly")
+    backup.rmdir()
+
+
+# ----- preemption: all workers save at the same step ----------------------------------------------
+def _raise_preempted() -> None:
+    raise Preempted("PreemptionCheckpointHandler saved a checkpoint for a preemption; "
+                    "restart the cluster to resume")
+
+
+def train_preemptible(run_dir: str, total_steps: int = 60, per_worker_batch: int = 64,
+                      preempt_task: str | None = None, preempt_at_step: int | None = None,
+                      learning_rate: float = 0.01, seed: int = 42) -> dict[str, Any]:
+    """A custom loop under ``PreemptionCheckpointHandler``: a SIGTERM on one worker makes every
+    worker save a checkpoint at the same step and raise :class:`Preempted`; called again, the loop
+    restores it and continues at exactly that step (``handler.total_run_calls``).
+
+    ``preempt_task``/``preempt_at_step`` send that SIGTERM once, from inside the worker.
+    """
+    tf = import_tensorflow()
+    from . import data, models
+
+    tf.keras.utils.set_random_seed(seed)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    journal = Journal(run_dir)
+    global_batch = per_worker_batch * strategy.num_replicas_in_sync
+    with strategy.scope():
+        model = models.build_and_compile_cnn_model(learning_rate=learning_rate)
+        optimizer = model.optimizer
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+        strategy.cluster_resolver, checkpoint, str(Path(run_dir) / "checkpoints"),
+        termination_config=tf.distribute.experimental.TerminationConfig(exit_fn=_raise_preempted))
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                            reduction=tf.keras.losses.Reduction.NONE)
+    iterator = iter(strategy.experimental_distribute_dataset(
+        data.mnist_dataset(global_batch, shuffle_seed=seed)))
+
+    @tf.function
+    def train_step(iterator):
+        def step(images, labels):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_fn(labels, model(images, training=True)),
+                                                  global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        per_replica = strategy.run(step, args=next(iterator))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    first = handler.total_run_calls
+    journal.write("start", initial_step=int(first))
+    while handler.total_run_calls < total_steps:
+        step_number = int(handler.total_run_calls) + 1
+        if (preempt_task == task_name() and step_number == preempt_at_step
+                and fire_once(run_dir, f"sigterm-{preempt_task}-{step_number}")):
+            journal.write("kill", global_step=step_number - 1, signal=int(signals.SIGTERM))
+            os.kill(os.getpid(), signals.SIGTERM)
+        loss = handler.run(train_step, iterator)
+        journal.write("step", global_step=int(handler.total_run_calls), loss=float(loss))
+    journal.write("end", global_step=int(handler.total_run_calls))
+    return {"task": task_name(), "attempt": journal.attempt, "first_step": int(first),
+            "global_step": int(handler.total_run_calls),
+            "optimizer_iterations": int(optimizer.iterations.numpy())}

@@ -1,0 +1,153 @@
+"""Fault tolerance for real: killed workers, supervised restarts, resumed training, preemption."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from kit import resilience
+from kit.cluster import TFCluster
+from kit.errors import FailuresExhaustedError
+
+
+# ----- the journal, without TensorFlow -------------------------------------------------------------
+def write_records(run_dir, task, records):
+    journal = resilience.Journal(run_dir, task=task)
+    for event, fields in records:
+        journal.write(event, **fields)
+    return journal
+
+
+def test_journal_counts_attempts_and_summarize_finds_redone_steps(tmp_path):
+    write_records(tmp_path, "worker:0", [("start", {"initial_step": 0})] +
+                  [("step", {"global_step": s, "loss": 1.0}) for s in range(1, 6)] +
+                  [("epoch_end", {"epoch": 0, "loss": 1.0, "global_step": 5})])
+    second = resilience.Journal(tmp_path, task="worker:0")
+    assert second.attempt == 2
+    for event, fields in [("start", {"initial_step": 3})] + \
+            [("step", {"global_step": s, "loss": 0.5}) for s in range(4, 11)] + \
+            [("epoch_end", {"epoch": 0, "loss": 0.5, "global_step": 5}),
+             ("epoch_end", {"epoch": 1, "loss": 0.5, "global_step": 10}), ("end", {"global_step": 10})]:
+        second.write(event, **fields)
+    summary = resilience.summarize(tmp_path, "worker:0")
+    assert summary["attempts"] == 2 and summary["completed"]
+    assert summary["steps_redone"] == 2 and summary["distinct_steps"] == 10  # steps 4 and 5 twice
+    assert summary["final_epochs"] == [0, 1]
+    (resume,) = summary["resumes"]
+    assert (resume["last_step_before"], resume["first_step_after"], resume["initial_step"]) == (5, 4, 3)
+
+
+def test_fire_once_survives_restarts(tmp_path):
+    assert resilience.fire_once(tmp_path, "kill-worker:1-30")
+    assert not resilience.fire_once(tmp_path, "kill-worker:1-30")
+    assert resilience.fire_once(tmp_path, "kill-worker:1-31")
+
+
+def test_remove_backup_dir_refuses_when_files_remain(tmp_path):
+    (tmp_path / "backup" / "chief").mkdir(parents=True)
+    (tmp_path / "backup" / "chief" / "ckpt-1.index").write_text("x")
+    with pytest.raises(RuntimeError, match="did not finish cleanly"):
+        resilience.remove_backup_dir(tmp_path)
+    (tmp_path / "backup" / "chief" / "ckpt-1.index").unlink()
+    (tmp_path / "backup" / "chief").rmdir()
+    resilience.remove_backup_dir(tmp_path)
+    assert not (tmp_path / "backup").exists()
+
+
+# ----- real failures ------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("layout, victim", [({"workers": 2}, "worker:1"),
+                                            ({"workers": 1, "chief": True}, "chief:0")])
+def test_killed_task_restarts_and_resumes_without_losing_steps(make_cluster, tmp_path, layout, victim):
+    cluster = make_cluster(**layout)
+    results = cluster.run(resilience.train_resumable, str(tmp_path), epochs=4, steps_per_epoch=20,
+                          save_freq=10, kill_task=victim, kill_at_global_step=30, max_failures=2)
+    assert [f.task for f in cluster.failures] == [victim]
+    assert all(r["attempt"] == 2 and r["global_step"] == 80 for r in results)
+    for task in cluster.task_names:
+        summary = resilience.summarize(tmp_path, task)
+        assert summary["completed"] and summary["final_epochs"] == [0, 1, 2, 3]
+        assert summary["steps_redone"] == 0, summary  # a backup every 10 steps, killed at 30
+        (resume,) = summary["resumes"]
+        assert resume["last_step_before"] == 30 and resume["first_step_after"] == 31
+    losses = [r["loss"] for r in results]
+    assert all(loss == pytest.approx(losses[0], rel=1e-5) for loss in losses)
+    resilience.remove_backup_dir(tmp_path)
+    assert not (tmp_path / "backup").exists()
+
+
+@pytest.mark.slow
+def test_epoch_backups_redo_the_interrupted_epoch_only(make_cluster, tmp_path):
+    cluster = make_cluster(workers=2)
+    results = cluster.run(resilience.train_resumable, str(tmp_path), epochs=3, steps_per_epoch=10,
+                          save_freq="epoch", kill_task="worker:1", kill_at_global_step=15, max_failures=1)
+    assert results[0]["epochs_run"] == [1, 2]  # epoch 0 was backed up, epoch 1 starts over
+    summary = resilience.summarize(tmp_path, "worker:0")
+    assert summary["steps_redone"] == 5 and summary["final_epochs"] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_sigterm_makes_all_workers_save_at_the_same_step(make_cluster, tmp_path):
+    cluster = make_cluster(workers=2)
+    results = cluster.run(resilience.train_preemptible, str(tmp_path), total_steps=30,
+                          preempt_task="worker:1", preempt_at_step=12, max_failures=1)
+    assert "Preempted" in cluster.failures[0].error
+    assert all(r["first_step"] == 12 and r["global_step"] == 30 == r["optimizer_iterations"] for r in results)
+    for task in cluster.task_names:
+        summary = resilience.summarize(tmp_path, task)
+        (resume,) = summary["resumes"]
+        assert (resume["last_step_before"], resume["first_step_after"]) == (12, 13)
+        assert summary["steps_redone"] == 0 and summary["distinct_steps"] == 30
+    assert sorted(os.listdir(tmp_path / "checkpoints"))  # the chief's checkpoint is there
+
+
+@pytest.mark.slow
+def test_a_task_that_never_comes_back_exhausts_max_failures(make_cluster, tmp_path, monkeypatch):
+    """After the first kill, worker:1 cannot start any more: a clear error, no hang, no leftovers."""
+    broken = tmp_path / "site"
+    broken.mkdir()
+    (broken / "sitecustomize.py").write_text(
+        f"import os\nif os.path.exists({str(tmp_path / 'run' / 'faults')!r}):\n    os._exit(9)\n")
+    original = TFCluster._task_environment
+
+    def environment(self, name):
+        env = original(self, name)
+        if name == "worker:1":
+            env["PYTHONPATH"] = str(broken)
+        return env
+
+    monkeypatch.setattr(TFCluster, "_task_environment", environment)
+    cluster = make_cluster(workers=2, start_timeout=30)
+    start = time.monotonic()
+    with pytest.raises(FailuresExhaustedError) as info:
+        cluster.run(resilience.train_resumable, str(tmp_path / "run"), epochs=2, steps_per_epoch=5,
+                    kill_task="worker:1", kill_at_global_step=3, max_failures=2)
+    failures = info.value.failures
+    assert len(failures) == 3 and failures[0].task == "worker:1"
+    assert all("restart failed" in f.error and f.task == "worker:1" for f in failures[1:])
+    assert "worker:1" in str(info.value) and "max_failures" in str(info.value)
+    assert time.monotonic() - start < 120
+
+
+@pytest.mark.slow
+def test_chief_keeps_the_checkpoint_and_workers_write_disjoint_temporary_files(make_cluster, tmp_path):
+    def save_from_every_worker(base_dir):
+        from kit import checkpoints
+        from kit._tf import import_tensorflow
+        tf = import_tensorflow()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        with strategy.scope():
+            step = tf.Variable(7)
+        return checkpoints.save(tf.train.Checkpoint(step=step), base_dir, strategy)
+
+    cluster = make_cluster(workers=2)
+    chief, other = cluster.run(save_from_every_worker, str(tmp_path))
+    assert chief["chief"] and not other["chief"]
+    assert chief["files"] and other["files"]
+    assert not set(chief["files"]) & set(other["files"])  # no file written by two tasks
+    assert not os.path.exists(other["write_dir"])  # the temporary copy is gone
+    assert any(name.startswith("ckpt-1") for name in os.listdir(tmp_path))
