@@ -340,10 +340,16 @@ class TFCluster:
         return self._collect(result, names)
 
     def kill(self, task: str, signal: int = signals.SIGKILL) -> None:
-        """Send ``signal`` (default SIGKILL) to one task's engine process, e.g. ``kill("worker:1")``."""
+        """Send ``signal`` (default SIGKILL) to one task's engine process, e.g. ``kill("worker:1")``.
+
+        Safe to call from another thread while :meth:`run` is waiting (a fault-injection timer).
+        """
         self._require_started()
         name = self._select([task])[0]
-        self._ipp.signal_engines_sync(signal, _engine_set_id(name))
+        launcher = self._launcher(name)
+        if launcher is None:
+            raise ClusterError(f"{name} has no engine launcher to signal", [name])
+        launcher.signal(signal)
 
     # ----- start-up ---------------------------------------------------------------------------
     def _start_controller(self) -> None:

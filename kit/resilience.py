@@ -62,6 +62,29 @@ def read_journal(run_dir: str | os.PathLike) -> list[dict]:
     return sorted(records, key=lambda r: r["time"])
 
 
+def wait_for_step(run_dir: str | os.PathLike, task: str, global_step: int, timeout: float = 120.0) -> dict:
+    """Block until ``task``'s journal records ``global_step`` (or later); return that record.
+
+    For injecting a failure from outside at a known point, e.g. from a thread in the notebook.
+    """
+    deadline = time.monotonic() + timeout
+    path = Path(run_dir) / "journal" / f"{task.replace(':', '-')}.jsonl"
+    while time.monotonic() < deadline:
+        if path.exists():
+            for line in path.read_text().splitlines():
+                record = json.loads(line) if line.strip() else {}
+                if record.get("event") == "step" and record["global_step"] >= global_step:
+                    return record
+        time.sleep(0.1)  # polling a file another process appends to; no event to wait on
+    raise TimeoutError(f"{task} did not reach step {global_step} within {timeout:g}s")
+
+
+def final_losses(run_dir: str | os.PathLike, task: str = "worker:0") -> dict[int, float]:
+    """Global step → loss, as the run finally kept it (a redone step keeps its last value)."""
+    return {r["global_step"]: r["loss"] for r in read_journal(run_dir)
+            if r["task"] == task and r["event"] == "step"}
+
+
 def summarize(run_dir: str | os.PathLike, task: str = "worker:0") -> dict[str, Any]:
     """What the journal of ``task`` says about a run: attempts, steps redone, time to resume.
 
