@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit notebooks lab bench clean
+.PHONY: demo test unit notebooks lab bench faults clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ notebooks: $(STAMP)
 
 lab: $(STAMP)  ## open the notebooks in JupyterLab
 	$(BIN)/jupyter lab notebooks/
+
+bench: $(STAMP)  ## efficiency, start-up, recovery, memory, notebook times -> out/bench/bench.json
+	$(BIN)/kit bench --out out/bench
+
+faults: $(STAMP)  ## 10 fault-injection trials (random task, random step) -> out/faults/trials.json
+	$(BIN)/kit faults --trials 10 --out out/faults
 
 clean:
 	rm -rf out notebooks/out .pytest_cache

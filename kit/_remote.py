@@ -16,6 +16,9 @@ from typing import Any
 def report() -> dict[str, Any]:
     """What an engine tells the kit at readiness: who it is and what it was given."""
     return {
+        "tensorflow_version": _version("tensorflow"),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "address": reachable_address(),
         "task": os.environ.get("KIT_TASK"),
         "pid": os.getpid(),
         "hostname": socket.gethostname(),
@@ -47,3 +50,59 @@ def set_environment(values: dict[str, str]) -> None:
         raise RuntimeError("TensorFlow is already imported on this engine, so a new TF_CONFIG "
                            "would not take effect; start fresh engines (cluster.restart()).")
     os.environ.update(values)
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def reachable_address() -> str:
+    """The IP address this engine uses to talk to its controller: the one other tasks can reach.
+
+    Read from the engine's own TCP connections (to the controller); 127.0.0.1 when the controller
+    is on this machine's loopback.
+    """
+    import psutil
+
+    for conn in psutil.Process().net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_ESTABLISHED and conn.raddr and not conn.raddr.ip.startswith("127."):
+            return conn.laddr.ip
+    return "127.0.0.1"
+
+
+_PROBE = None
+
+
+def open_probe(port: int) -> None:
+    """Listen on ``port`` (all interfaces) so that the other tasks can check they reach it."""
+    global _PROBE
+    close_probe()
+    _PROBE = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    _PROBE.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _PROBE.bind(("", port))
+    _PROBE.listen(16)
+
+
+def close_probe() -> None:
+    global _PROBE
+    if _PROBE is not None:
+        _PROBE.close()
+        _PROBE = None
+
+
+def probe(addresses: dict[str, str], timeout: float = 3.0) -> dict[str, str]:
+    """Try a TCP connection to each task's address; return the ones that failed, with the reason."""
+    failed = {}
+    for task, address in addresses.items():
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                pass
+        except OSError as error:
+            failed[task] = f"{address}: {error.strerror or error}"
+    return failed

@@ -1,4 +1,5 @@
-"""The ``kit`` command: ``kit tfconfig`` and ``kit demo`` over the same functions the notebooks use."""
+"""The ``kit`` command: ``kit tfconfig``, ``kit demo``, ``kit sweep`` and ``kit plot`` over the same
+functions the notebooks use."""
 
 from __future__ import annotations
 
@@ -75,6 +76,44 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if summary["workers_agree"] else 1
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    import logging
+
+    from . import experiments
+
+    if args.verbose:  # papermill echoes each notebook's output through logging
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    notebook = Path(args.notebook)
+    grid = experiments.parse_grid_text(notebook, args.param or [])
+    fixed = experiments.parse_grid_text(notebook, args.set or [])
+    fixed = {name: values[0] for name, values in fixed.items()}
+    out = Path(args.out or Path("out") / notebook.stem)
+    points = experiments.validate(notebook, grid, fixed)
+    print(f"kit sweep: {len(points)} run(s) of {notebook.name} -> {out}", flush=True)
+    table = experiments.sweep(notebook, grid, out, resume=args.resume, parameters=fixed,
+                              timeout=args.timeout, log_output=args.verbose)
+    shown = [c for c in table.columns if not table[c].map(lambda v: isinstance(v, (list, dict))).any()
+             and c not in ("notebook", "error")]
+    print(table[shown].to_string(index=False, max_colwidth=24))
+    failed = table[table["status"] != "ok"]
+    for _, row in failed.iterrows():
+        print(f"failed: {row['notebook']}: {row['error']}", file=sys.stderr)
+    reused = int(table["reused"].sum())
+    print(f"\n{len(table) - len(failed)} ok ({reused} from an earlier run), {len(failed)} failed; "
+          f"table: {out / experiments.TABLE_CSV} and {out / experiments.TABLE_JSON}")
+    if args.plot and len(failed) < len(table):
+        return cmd_plot(argparse.Namespace(directory=str(out))) or (1 if len(failed) else 0)
+    return 1 if len(failed) else 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from . import plots
+
+    for name, path in plots.plot_results(args.directory).items():
+        print(f"{name}: {path}")
+    return 0
+
+
 def format_table(rows: list[dict]) -> str:
     """A fixed-width text table of the demo's per-task rows."""
     header = f"{'run':<14}{'task':<10}{'final loss':>11}{'accuracy':>10}{'examples/s':>12}{'wall s':>8}"
@@ -112,7 +151,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="out", help="output folder (default ./out)")
     p.add_argument("--quiet", dest="verbose", action="store_false", help="do not echo the notebook's output")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("sweep", help="run a notebook once per point of a parameter grid (papermill)",
+                       description="Runs NOTEBOOK once per combination of the -p values, each in a fresh "
+                                   "kernel; keeps every executed notebook in --out under a name built "
+                                   "from its parameters, and writes results.csv and results.json "
+                                   "(parameters + the metrics the notebook records with "
+                                   "kit.experiments.record(RESULTS_PATH, ...)). A failed run is a row "
+                                   "with its error; exit 1 if any run failed, 2 if the grid does not fit "
+                                   "the notebook.",
+                       epilog="example: kit sweep notebooks/trials/scaling-trial.ipynb -p workers 1 2 "
+                              "-p per_worker_batch 64 256 -p lr_rule none linear sqrt --out out/scaling")
+    p.add_argument("notebook", help="the notebook to run; its parameters cell must define RESULTS_PATH")
+    p.add_argument("-p", "--param", action="append", nargs="+", metavar="NAME VALUE",
+                   help="a grid axis: a parameter of the notebook and one or more values (repeatable)")
+    p.add_argument("--set", action="append", nargs=2, metavar=("NAME", "VALUE"),
+                   help="a fixed parameter for every run, not part of the file names (repeatable)")
+    p.add_argument("--out", default=None, help="output folder (default ./out/NOTEBOOK_NAME)")
+    p.add_argument("--no-resume", dest="resume", action="store_false",
+                   help="run every point again, even those already done")
+    p.add_argument("--timeout", type=float, default=None, help="seconds any one cell may run")
+    p.add_argument("--plot", action="store_true", help="then draw the figures, as kit plot DIR")
+    p.add_argument("--verbose", action="store_true", help="echo the notebooks' output")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("plot", help="draw a sweep's figures as PNG next to its results",
+                       description="Reads DIR/results.json (written by kit sweep or notebook 08) and "
+                                   "saves accuracy-vs-batch.png, loss-vs-examples.png and throughput.png "
+                                   "in DIR, each when the table has the columns it needs.")
+    p.add_argument("directory", metavar="DIR", help="the folder a sweep wrote")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("bench", help="measure distribution efficiency, start-up, recovery, memory",
+                       description="The benchmark (make bench): medians of interleaved repetitions, "
+                                   "written as JSON and printed as a table with the goals.")
+    _delegate(p, "bench")
+
+    p = sub.add_parser("faults", help="kill a random task at a random step, N times, and measure",
+                       description="Fault-injection trials: each on a fresh cluster, supervised, "
+                                   "resumed with BackupAndRestore; counts leftover processes.")
+    _delegate(p, "trials")
     return parser
+
+
+def _delegate(parser: argparse.ArgumentParser, module: str) -> None:
+    """Give a subcommand the arguments of a heavier module, imported only when it runs."""
+    import importlib
+
+    def run(args: argparse.Namespace) -> int:
+        return importlib.import_module(f"kit.{module}").run_from_args(args)
+
+    importlib.import_module(f"kit.{module}").add_arguments(parser)  # cheap: heavy imports are lazy
+    parser.set_defaults(func=run)
 
 
 def main(argv: list[str] | None = None) -> int:

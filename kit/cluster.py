@@ -60,6 +60,11 @@ class ClusterOptions:
                                         "report its TF_CONFIG before giving up.")
     env: dict = _field(None, "Extra environment variables for every task, e.g. "
                              "{'TF_CPP_MIN_LOG_LEVEL': '2'}.", )
+    engines: Any = _field(None, "Use engines from elsewhere instead of starting local ones: an "
+                                "ipyparallel.Cluster (its launcher starts one engine set per task, "
+                                "or its running engines are used), an ipyparallel.Client, or the "
+                                "path of an ipcontroller-client.json. Each task is reached at the "
+                                "address its engine uses to reach the controller.")
 
     def __post_init__(self) -> None:
         for name in ("workers", "ps"):
@@ -83,6 +88,10 @@ class ClusterOptions:
             raise OptionError("start_timeout", f"{self.start_timeout!r} is not a positive number",
                               "give seconds, e.g. start_timeout=60")
         self.env = {str(k): str(v) for k, v in (self.env or {}).items()}
+        if self.engines is not None and not isinstance(self.engines, (ipp.Cluster, ipp.Client, str, os.PathLike)):
+            raise OptionError("engines", f"{type(self.engines).__name__} is not a source of engines",
+                              "pass an ipyparallel.Cluster, an ipyparallel.Client or the path of "
+                              "an ipcontroller-client.json")
 
     @classmethod
     def help(cls) -> dict[str, str]:
@@ -119,6 +128,25 @@ def _stop_live_clusters() -> None:
         cluster.stop()
 
 
+def kit_processes(owner_pid: int | None = None) -> list[psutil.Process]:
+    """Live processes a TFCluster started for the process ``owner_pid`` (default: for any process).
+
+    Found by the ``KIT_LIFELINE`` variable the kit gives its controller and engines, which their
+    own children (heart monitor, engine nanny) inherit. For checking that nothing was left behind.
+    """
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            lifeline = proc.environ().get(_lifeline.ENV_VAR)
+            if lifeline is None or (owner_pid is not None and not lifeline.startswith(f"{owner_pid}:")):
+                continue
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue  # gone meanwhile (fine), or another user's process: not ours
+    return found
+
+
 def _usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -151,6 +179,8 @@ class TFCluster:
         #: Every failure a supervised run (``max_failures``) saw, across runs.
         self.failures: list[Failure] = []
         self._retired_ids: set[int] = set()  # engine ids of engines this cluster replaced
+        self._owned_sets: list[str] = []  # engine sets started through a user's ipyparallel.Cluster
+        self._owned_controller = False
         self.started = False
 
     # ----- public API -------------------------------------------------------------------------
@@ -185,8 +215,12 @@ class TFCluster:
                                "call restart() for fresh engines")
         _live_clusters.add(self)
         try:
-            self._start_controller()
-            self._start_engines()
+            if self.options.engines is None:
+                self._start_controller()
+                self._start_engines()
+            else:
+                self._connect(self.options.engines)
+                self._attach_engines()
         except BaseException:
             self.stop()
             raise
@@ -200,15 +234,24 @@ class TFCluster:
         task (or must forget its TensorFlow state) gets all-new engines.
         """
         self._require_started()
-        self._stop_engines()
-        self._start_engines()
+        if self.options.engines is None:
+            self._stop_engines()
+            self._start_engines()
+        elif self._owned_sets:
+            self._stop_engines()
+            self._attach_engines()
+        else:
+            raise ClusterError("these engines were started outside the kit, so it cannot give you "
+                               "fresh ones: restart them with your launcher, then create a new TFCluster")
         return self
 
     def stop(self) -> None:
         """Stop every engine and the controller, and wait until their processes are gone."""
         _live_clusters.discard(self)
         self.started = False
-        if self._ipp is not None:
+        if self.options.engines is not None:
+            self._detach()
+        elif self._ipp is not None:
             pids = self._owned_pids()
             if self._client is not None:
                 self._client.close()
@@ -347,9 +390,10 @@ class TFCluster:
         self._require_started()
         name = self._select([task])[0]
         launcher = self._launcher(name)
-        if launcher is None:
-            raise ClusterError(f"{name} has no engine launcher to signal", [name])
-        launcher.signal(signal)
+        if launcher is not None:
+            launcher.signal(signal)
+        else:  # an engine started elsewhere: ipyparallel's nanny on its host delivers the signal
+            self._client.send_signal(int(signal), targets=[self._tasks[name].engine_id], block=True)
 
     # ----- start-up ---------------------------------------------------------------------------
     def _start_controller(self) -> None:
@@ -403,16 +447,17 @@ class TFCluster:
         else:
             raise ClusterError(f"could not find free ports for {', '.join(taken)} in 3 tries", taken)
         self._client[[reports[n]["engine_id"] for n in names]].use_cloudpickle()
-        keras_names = {v: k for k, v in KERAS_CHOICES.items()}
         for name in names:
-            rep = reports[name]
-            task = self._tf_configs[name]["task"]
-            address = "" if task["type"] == "evaluator" else \
-                self._tf_configs[name]["cluster"][task["type"]][task["index"]]
-            self._tasks[name] = TaskInfo(name=name, type=task["type"], index=task["index"],
-                                         address=address, engine_id=rep["engine_id"],
-                                         pid=rep["pid"], host=rep["hostname"],
-                                         keras=keras_names.get(rep["legacy_keras"], "keras3"))
+            self._record_task(name, reports[name])
+
+    def _record_task(self, name: str, report: dict) -> None:
+        task = self._tf_configs[name]["task"]
+        address = "" if task["type"] == "evaluator" else \
+            self._tf_configs[name]["cluster"][task["type"]][task["index"]]
+        keras = {v: k for k, v in KERAS_CHOICES.items()}.get(report["legacy_keras"], "keras3")
+        self._tasks[name] = TaskInfo(name=name, type=task["type"], index=task["index"], address=address,
+                                     engine_id=report["engine_id"], pid=report["pid"],
+                                     host=report["hostname"], keras=keras)
 
     def _pick_ports(self, names: list[str]) -> dict[str, int]:
         ports: dict[str, int] = {}
@@ -423,16 +468,18 @@ class TFCluster:
             ports[name] = port
         return ports
 
-    def _build_configs(self, names: list[str], ports: dict[str, int]) -> dict[str, dict]:
+    def _build_configs(self, names: list[str], ports: dict[str, int],
+                       hosts: dict[str, str] | None = None) -> dict[str, dict]:
         training = [n for n in names if not n.startswith("evaluator")]
         cluster: dict[str, list[str]] = {}
         for name in training:
-            cluster.setdefault(tfconfig.parse_task(name)[0], []).append(f"{self.options.host}:{ports[name]}")
+            host = (hosts or {}).get(name, self.options.host)
+            cluster.setdefault(tfconfig.parse_task(name)[0], []).append(f"{host}:{ports[name]}")
         strategy = "parameter_server" if "ps" in cluster else None
         return {n: tfconfig.build(cluster, n, strategy=strategy) for n in names}
 
-    def _task_environment(self, name: str) -> dict[str, str]:
-        threads = self.options.threads or max(1, _usable_cores() // len(self.task_names))
+    def _task_environment(self, name: str, cores: int | None = None, tasks_here: int | None = None) -> dict[str, str]:
+        threads = self.options.threads or max(1, (cores or _usable_cores()) // (tasks_here or len(self.task_names)))
         return {
             **self.options.env,
             "KIT_TASK": name,
@@ -482,6 +529,119 @@ class TFCluster:
                                    "pip install tf-keras (same minor version as tensorflow)", [name])
         return reports
 
+    # ----- engines from elsewhere (ipyparallel on other hosts) ---------------------------------
+    def _connect(self, source: Any) -> None:
+        """Get a client for ``source``; start its controller if it is an ipyparallel.Cluster without one."""
+        if isinstance(source, ipp.Client):
+            self._client = source
+            return
+        if isinstance(source, ipp.Cluster):
+            self._ipp = source
+            if source.controller is None:
+                source.start_controller_sync()
+                self._owned_controller = True
+            self._client = source.connect_client_sync()
+            return
+        path = os.fspath(source)
+        if not os.path.isfile(path):
+            raise OptionError("engines", f"{path} is not a file",
+                              "give the path of the controller's ipcontroller-client.json "
+                              "(in the profile's security/ folder)")
+        self._client = ipp.Client(url_file=path)
+
+    def _attach_engines(self) -> None:
+        """Group the engines into TF tasks: check them, pick ports on their hosts, set TF_CONFIG."""
+        self._lost = []
+        self._needs_restart = ""
+        self._tasks.clear()
+        names = self.task_names
+        if self._ipp is not None and not self._new_engine_ids() and (self._owned_sets or
+                                                                      self._ipp.engines == {}):
+            self._owned_sets = []
+            for name in names:  # the user's launcher (SSH, Slurm, MPI, ...) starts one set per task
+                self._ipp.start_engines_sync(n=1, engine_set_id=_engine_set_id(name))
+                self._owned_sets.append(_engine_set_id(name))
+        deadline = time.monotonic() + self.options.start_timeout
+        while len(self._new_engine_ids()) < len(names) and time.monotonic() < deadline:
+            try:  # wait for one more registration, at most half a second
+                self._client.wait_for_engines(len(self._client.ids) + 1, timeout=0.5, interactive=False)
+            except TimeoutError:
+                pass  # none yet: check the deadline, then wait again
+        ids = sorted(self._new_engine_ids())
+        if len(ids) < len(names):
+            raise ClusterError(f"too few engines: {len(ids)} registered within "
+                               f"{self.options.start_timeout:g}s, but the tasks {', '.join(names)} need "
+                               f"{len(names)}. Fix: start more engines (e.g. ipcluster engines -n ...)",
+                               names[len(ids):])
+        reports = {}
+        for engine_id in ids:
+            try:
+                reports[engine_id] = {**self._client[engine_id].apply_sync(_remote.report),
+                                      "engine_id": engine_id}
+            except ipp.error.RemoteError as error:
+                raise ClusterError(f"engine {engine_id} cannot run the kit ({error.ename}: {error.evalue}). "
+                                   "Fix: install the kit and its pinned packages on every engine host") from None
+        versions = {r["tensorflow_version"] for r in reports.values()}
+        if len(versions) > 1:
+            detail = ", ".join(f"engine {i} on {r['hostname']}: {r['tensorflow_version']}" for i, r in reports.items())
+            raise ClusterError(f"the engines have different TensorFlow versions ({detail}). Fix: install "
+                               "the same tensorflow on every engine host (see pyproject.toml)")
+        used = [i for i, r in reports.items() if r["tensorflow_imported"]]
+        if used:
+            raise ClusterError(f"engines {used} have imported TensorFlow already, so a new TF_CONFIG "
+                               "cannot take effect. Fix: restart those engines")
+        assignment = dict(zip(names, _spread_over_hosts(reports)))
+        ports = {n: self._client[e].apply_sync(_remote.free_port) for n, e in assignment.items()}
+        hosts = {n: reports[e]["address"] for n, e in assignment.items()}
+        self._tf_configs = self._build_configs(names, ports, hosts)
+        per_host = {h: list(hosts.values()).count(h) for h in hosts.values()}
+        for name, engine_id in assignment.items():
+            env = self._task_environment(name, reports[engine_id]["cores"], per_host[hosts[name]])
+            self._client[engine_id].apply_sync(_remote.set_environment, env)
+        self._check_reachability(assignment)
+        self._client[list(assignment.values())].use_cloudpickle()
+        for name, engine_id in assignment.items():
+            self._record_task(name, {**reports[engine_id], "legacy_keras": KERAS_CHOICES[self.options.keras]})
+
+    def _check_reachability(self, assignment: dict[str, int]) -> None:
+        """Every training task opens its port; every task connects to every other's address."""
+        training = {n: e for n, e in assignment.items() if not n.startswith("evaluator")}
+        addresses = {}
+        for name in training:
+            task = self._tf_configs[name]["task"]
+            addresses[name] = self._tf_configs[name]["cluster"][task["type"]][task["index"]]
+        views = self._client[list(training.values())]
+        for name, engine_id in training.items():
+            port = int(addresses[name].rpartition(":")[2])
+            self._client[engine_id].apply_sync(_remote.open_probe, port)
+        try:
+            problems = []
+            for name, engine_id in assignment.items():
+                others = {n: a for n, a in addresses.items() if n != name}
+                for target, reason in self._client[engine_id].apply_sync(_remote.probe, others).items():
+                    problems.append((name, target, reason))
+        finally:
+            views.apply_sync(_remote.close_probe)
+        if problems:
+            lines = "; ".join(f"{src} cannot reach {dst} at {why}" for src, dst, why in problems)
+            raise ClusterError(f"{lines}. Fix: let the engines' hosts reach each other on these "
+                               "addresses (routes, firewall), or start the engines on hosts that can",
+                               sorted({p[0] for p in problems}))
+
+    def _detach(self) -> None:
+        """Stop what this cluster started (engine sets, controller), leave the user's engines alone."""
+        if self._ipp is not None and self._owned_sets:
+            self._stop_engines()
+        if self._ipp is not None and self._owned_controller:
+            self._ipp.stop_controller_sync()
+        if self._client is not None and not isinstance(self.options.engines, ipp.Client):
+            self._client.close()
+        self._client = None
+        self._ipp = None
+        self._owned_sets = []
+        self._owned_controller = False
+        self._tasks.clear()
+
     # ----- helpers ----------------------------------------------------------------------------
     def _new_engine_ids(self) -> list[int]:
         return [i for i in self._client.ids if i not in self._retired_ids]
@@ -504,6 +664,9 @@ class TFCluster:
         return names
 
     def _launcher(self, name: str):
+        """The local launcher of ``name``'s engine (None for engines from elsewhere)."""
+        if self.options.engines is not None:
+            return None
         engine_set = self._ipp.engines.get(_engine_set_id(name)) if self._ipp else None
         return next(iter(engine_set.launchers.values()), None) if engine_set else None
 
@@ -553,16 +716,20 @@ class TFCluster:
         return [p.pid for p in procs]
 
     def _stop_engines(self) -> None:
-        pids = [t.pid for t in self._tasks.values()] + self._engine_pids()
+        """Stop the engine sets this cluster started (SIGKILL: their state is thrown away)."""
+        sets = list(self._ipp.engines) if self.options.engines is None else list(self._owned_sets)
+        pids = [t.pid for t in self._tasks.values()] + self._engine_pids() \
+            if self.options.engines is None else []
         self._retired_ids.update(t.engine_id for t in self._tasks.values())
-        # their state is being thrown away, and a task blocked in a collective ignores SIGTERM
-        for engine_set in self._ipp.engines.values():
-            for launcher in getattr(engine_set, "launchers", {}).values():
+        # a task blocked in a collective ignores SIGTERM
+        for set_id in sets:
+            for launcher in getattr(self._ipp.engines[set_id], "launchers", {}).values():
                 try:
-                    launcher.process.kill()
+                    launcher.signal(signals.SIGKILL)
                 except psutil.NoSuchProcess:
                     continue  # already dead: typically the task whose failure led here
-        self._ipp.stop_engines_sync()
+        for set_id in sets:
+            self._ipp.stop_engines_sync(set_id)
         _reap(pids, self.log)
         self._tasks.clear()
 
@@ -623,6 +790,24 @@ def _failed_task(error: Exception) -> str:
         return error.task
     tasks = getattr(error, "tasks", None)
     return tasks[0] if tasks else "cluster"
+
+
+def _spread_over_hosts(reports: dict[int, dict]) -> list[int]:
+    """Engine ids ordered to spread tasks over hosts: first engine of each host, then second, ...
+
+    A host is known by the address its engines use to reach the controller (containers and
+    network namespaces may share a hostname).
+    """
+    by_host: dict[tuple[str, str], list[int]] = {}
+    for engine_id in sorted(reports):
+        key = (reports[engine_id]["hostname"], reports[engine_id]["address"])
+        by_host.setdefault(key, []).append(engine_id)
+    order = []
+    while any(by_host.values()):
+        for ids in by_host.values():
+            if ids:
+                order.append(ids.pop(0))
+    return order
 
 
 def _engine_set_id(name: str) -> str:

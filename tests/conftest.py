@@ -14,22 +14,9 @@ sys.path.insert(0, str(REPO))
 
 
 def kit_processes(owner_pid: int | None = None) -> list[psutil.Process]:
-    """Live processes started by the kit for ``owner_pid`` (default: for any owner).
+    from kit.cluster import kit_processes as census
 
-    Found by the ``KIT_LIFELINE`` variable that the kit gives its controller and engines and that
-    their own children (heart monitor, engine nanny) inherit.
-    """
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            lifeline = proc.environ().get("KIT_LIFELINE")
-            if lifeline is None or (owner_pid is not None and not lifeline.startswith(f"{owner_pid}:")):
-                continue
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue  # gone (fine), or not a process of ours
-    return found
+    return census(owner_pid)
 
 
 def describe(procs: list[psutil.Process]) -> list[str]:

@@ -1,0 +1,252 @@
+"""The benchmark behind ``make bench``: distribution efficiency, start-up, recovery, memory, notebooks.
+
+Every figure is the median of ``repeats`` repetitions, interleaved (single process, two workers,
+single process, ...) so that a slow spell of the machine hits all variants alike. Results go to
+``bench.json`` and a printed table; the goals are the project's (see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+
+GOALS = {
+    "efficiency_512": (">=", 0.9), "efficiency_64": (">=", 0.6), "ready_s": ("<=", 10.0),
+    "recovery_s": ("<=", 30.0), "pss_total_mb": ("<=", 2048.0), "uss_worker_mb": ("<=", 500.0),
+    "notebook_max_s": ("<=", 120.0),
+}
+
+
+class MemorySampler:
+    """Samples USS/PSS of some processes in a thread; keeps the peaks."""
+
+    def __init__(self, pids: list[int], kernel_pid: int, period: float = 0.5):
+        self.procs = [psutil.Process(p) for p in pids]
+        self.kernel = psutil.Process(kernel_pid)
+        self.period = period
+        self.peak_uss = {p.pid: 0.0 for p in self.procs}
+        self.peak_pss_total = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            total = 0.0
+            for proc in [self.kernel, *self.procs]:
+                try:
+                    info = proc.memory_full_info()
+                except psutil.NoSuchProcess:
+                    continue  # a worker that finished: its last sample stays
+                total += info.pss
+                if proc.pid in self.peak_uss:
+                    self.peak_uss[proc.pid] = max(self.peak_uss[proc.pid], info.uss)
+            self.peak_pss_total = max(self.peak_pss_total, total)
+
+    def __enter__(self) -> "MemorySampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def throughput(workers: int, keras: str, per_worker_batch: int, epochs: int, steps: int,
+               memory: bool = False) -> dict[str, Any]:
+    """Steady-state examples/s of the seeds' model: one process (``workers=1``, the global batch
+    of two workers) or ``workers`` MultiWorkerMirroredStrategy tasks."""
+    from .cluster import TFCluster
+    from .training import train_mnist
+
+    strategy = "default" if workers == 1 else "multi_worker_mirrored"
+    batch = per_worker_batch * (2 if workers == 1 else 1)  # same global batch as 2 workers
+    with TFCluster(workers=workers, keras=keras) as cluster:
+        pids = [t.pid for t in cluster.tasks]
+        sampler = MemorySampler(pids, os.getpid()) if memory else None
+        if sampler:
+            sampler.__enter__()
+        try:
+            results = cluster.run(train_mnist, per_worker_batch=batch, epochs=epochs, steps_per_epoch=steps,
+                                  strategy=strategy, verbose=0, stream=False)
+        finally:
+            if sampler:
+                sampler.__exit__()
+    row = {"examples_per_second": results[0]["examples_per_second"], "keras": results[0]["keras"]}
+    if sampler:
+        row["uss_worker_mb"] = max(sampler.peak_uss.values()) / 2**20
+        row["pss_total_mb"] = sampler.peak_pss_total / 2**20
+    return row
+
+
+def _make_strategy() -> int:
+    from .training import make_strategy
+
+    return make_strategy("multi_worker_mirrored").num_replicas_in_sync
+
+
+def time_to_ready(workers: int = 2) -> float:
+    """Seconds from entering TFCluster to a MultiWorkerMirroredStrategy constructed on every worker."""
+    from .cluster import TFCluster
+
+    start = time.perf_counter()
+    with TFCluster(workers=workers) as cluster:
+        replicas = cluster.run(_make_strategy, stream=False)
+        ready = time.perf_counter() - start
+    assert replicas == [workers] * workers
+    return ready
+
+
+def recovery_time(seed: int) -> float:
+    """Seconds from a SIGKILL of worker:1 to the first training step after the resume."""
+    from .trials import kill_trial
+
+    with tempfile.TemporaryDirectory(prefix="kit-bench-") as run_dir:
+        row = kill_trial(run_dir, {"workers": 2}, "worker:1", kill_step=15 + seed % 10, epochs=2,
+                         steps_per_epoch=20, save_freq=10)
+    if not row["completed_exactly"] or row["processes_left"]:
+        raise RuntimeError(f"recovery trial went wrong: {row}")
+    return row["kill_to_first_step_s"]
+
+
+def notebook_times(notebooks: list[Path]) -> dict[str, float]:
+    """Wall time of each notebook at its default parameters (papermill, into a temporary folder)."""
+    import papermill
+
+    times = {}
+    with tempfile.TemporaryDirectory(prefix="kit-bench-nb-") as out:
+        for nb in notebooks:
+            start = time.perf_counter()
+            papermill.execute_notebook(str(nb), str(Path(out) / nb.name), cwd=out, kernel_name="python3",
+                                       progress_bar=False)
+            times[nb.stem] = time.perf_counter() - start
+    return times
+
+
+def median_of(repeats: int, fn: Callable[[], float]) -> tuple[float, list[float]]:
+    values = [fn() for _ in range(repeats)]
+    return statistics.median(values), values
+
+
+def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int = 2, steps: int = 30,
+        notebooks: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every figure of the benchmark; see the module docstring."""
+    from .cluster import _usable_cores
+
+    report: dict[str, Any] = {"machine": {"cores": _usable_cores(), "python": sys.version.split()[0]},
+                              "repeats": repeats, "epochs": epochs, "steps_per_epoch": steps}
+    efficiency = {}
+    for batch in batches:
+        samples: dict[str, list[float]] = {"tf-keras single": [], "keras3 single": [], "2 workers": []}
+        memory = []
+        for rep in range(repeats):  # interleaved
+            samples["tf-keras single"].append(throughput(1, "tf-keras", batch, epochs, steps)["examples_per_second"])
+            samples["keras3 single"].append(throughput(1, "keras3", batch, epochs, steps)["examples_per_second"])
+            row = throughput(2, "tf-keras", batch, epochs, steps, memory=(batch == 64))
+            samples["2 workers"].append(row["examples_per_second"])
+            if "pss_total_mb" in row:
+                memory.append(row)
+            log(f"batch {batch}/worker rep {rep + 1}: " +
+                ", ".join(f"{k} {v[-1]:.0f} ex/s" for k, v in samples.items()))
+        medians = {k: statistics.median(v) for k, v in samples.items()}
+        reference = max(medians["tf-keras single"], medians["keras3 single"])
+        efficiency[batch] = {"examples_per_second": medians, "samples": samples,
+                             "efficiency": medians["2 workers"] / reference}
+        if memory:
+            report["memory"] = {"uss_worker_mb": statistics.median(m["uss_worker_mb"] for m in memory),
+                                "pss_total_mb": statistics.median(m["pss_total_mb"] for m in memory),
+                                "measured_at": "2 workers training, 64 per worker; PSS of this "
+                                               "process (the 'kernel') plus both workers"}
+    report["throughput"] = efficiency
+    report["ready_s"], report["ready_samples"] = median_of(repeats, time_to_ready)
+    log(f"ready: {report['ready_s']:.1f}s")
+    counter = iter(range(repeats))
+    report["recovery_s"], report["recovery_samples"] = median_of(repeats, lambda: recovery_time(next(counter)))
+    log(f"recovery: {report['recovery_s']:.1f}s")
+    if notebooks:
+        from .cli import NOTEBOOKS
+
+        report["notebooks_s"] = notebook_times(sorted(NOTEBOOKS.glob("[0-9][0-9]-*.ipynb")))
+        log(f"notebooks: {report['notebooks_s']}")
+    report["goals"] = check_goals(report)
+    return report
+
+
+def check_goals(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Where each goal stands: the measured value, the target, met or not."""
+    values = {}
+    throughput = report.get("throughput", {})
+    for batch in (512, 64):
+        if batch in throughput or str(batch) in throughput:
+            values[f"efficiency_{batch}"] = (throughput.get(batch) or throughput[str(batch)])["efficiency"]
+    for key in ("ready_s", "recovery_s"):
+        if key in report:
+            values[key] = report[key]
+    for key in ("pss_total_mb", "uss_worker_mb"):
+        if key in report.get("memory", {}):
+            values[key] = report["memory"][key]
+    if report.get("notebooks_s"):
+        values["notebook_max_s"] = max(report["notebooks_s"].values())
+    goals = {}
+    for key, value in values.items():
+        op, target = GOALS[key]
+        goals[key] = {"value": value, "target": f"{op} {target:g}",
+                      "met": value >= target if op == ">=" else value <= target}
+    return goals
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = ["per-worker batch | tf-keras 1 proc | keras3 1 proc | 2 MWMS workers | efficiency",
+             "-----------------|-----------------|---------------|----------------|-----------"]
+    for batch, row in report.get("throughput", {}).items():
+        m = row["examples_per_second"]
+        lines.append(f"{batch:>16} | {m['tf-keras single']:>15.0f} | {m['keras3 single']:>13.0f} | "
+                     f"{m['2 workers']:>14.0f} | {row['efficiency']:>9.2f}")
+    lines.append("")
+    for key, goal in report.get("goals", {}).items():
+        lines.append(f"{key:<16} {goal['value']:>10.2f}  goal {goal['target']:<8} "
+                     f"{'met' if goal['met'] else 'NOT met'}")
+    for name, seconds in report.get("notebooks_s", {}).items():
+        lines.append(f"notebook {name:<40} {seconds:>6.1f}s")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repeats", type=int, default=3, help="repetitions per figure (median; default 3)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[64, 256, 512],
+                        help="per-worker batches (default 64 256 512)")
+    parser.add_argument("--steps", type=int, default=30,
+                        help="steps per epoch (2 epochs; the first is warm-up; default 30)")
+    parser.add_argument("--no-notebooks", dest="notebooks", action="store_false",
+                        help="skip timing the notebooks")
+    parser.add_argument("--out", default="out/bench", help="folder for bench.json (default out/bench)")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    report = run(repeats=args.repeats, batches=tuple(args.batches), steps=args.steps, notebooks=args.notebooks)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=1, default=str))
+    print(format_report(report))
+    print(f"\nwritten: {out / 'bench.json'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kit.bench", description=__doc__)
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

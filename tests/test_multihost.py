@@ -1,0 +1,180 @@
+"""TFCluster on engines that ipyparallel started elsewhere: here, Linux network namespaces.
+
+Each namespace is a "host" with its own network stack, joined to the controller by a veth pair on
+a bridge; an engine is started inside it with `ip netns exec`, as a launcher would on a real host.
+The test makes its namespaces itself, talks only to the addresses it made, and removes them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+import ipyparallel as ipp
+
+from conftest import kit_processes
+from kit.cluster import TFCluster
+from kit.errors import ClusterError, OptionError
+
+SUBNET = f"10.{77 + os.getpid() % 20}.{os.getpid() % 200}"  # a private /24 of this test run only
+
+
+def sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, text=True)
+
+
+def can_make_namespaces() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if shutil.which("ip") is None:
+        return "needs the `ip` command (iproute2)"
+    probe = f"kitprobe{uuid.uuid4().hex[:6]}"
+    result = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if result.returncode != 0:
+        return f"cannot create network namespaces here: {result.stderr.strip()}"
+    sh("ip", "netns", "del", probe)
+    return None
+
+
+class Hosts:
+    """A bridge with the controller's address and namespaces ("hosts") attached to it."""
+
+    def __init__(self):
+        tag = uuid.uuid4().hex[:5]
+        self.bridge = f"kbr{tag}"
+        self.namespaces: list[str] = []
+        self.links: list[str] = []
+        self.tag = tag
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", self.bridge)
+        sh("ip", "link", "set", self.bridge, "up")
+        self.controller_ip = f"{SUBNET}.1"
+
+    def add(self, number: int, routed: bool = True) -> str:
+        """A namespace with address SUBNET.<number+1>; ``routed=False``: it reaches the controller only."""
+        ns, outside, inside = f"kit{self.tag}h{number}", f"kv{self.tag}{number}", f"kp{self.tag}{number}"
+        sh("ip", "netns", "add", ns)
+        self.namespaces.append(ns)
+        sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
+        self.links.append(outside)
+        sh("ip", "link", "set", outside, "master", self.bridge)
+        sh("ip", "link", "set", outside, "up")
+        sh("ip", "link", "set", inside, "netns", ns)
+        address = f"{SUBNET}.{number + 1}"
+        run = ["ip", "netns", "exec", ns]
+        sh(*run, "ip", "link", "set", "lo", "up")
+        sh(*run, "ip", "addr", "add", f"{address}/{24 if routed else 32}", "dev", inside)
+        sh(*run, "ip", "link", "set", inside, "up")
+        if not routed:
+            sh(*run, "ip", "route", "add", f"{self.controller_ip}/32", "dev", inside)
+        return ns
+
+    def remove(self) -> None:
+        for ns in self.namespaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        for link in self.links:
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    reason = can_make_namespaces()
+    if reason:
+        pytest.skip(reason)
+    made = Hosts()
+    try:
+        yield made
+    finally:
+        made.remove()
+
+
+def engines_in(hosts: Hosts, namespaces: list[str], tmp_path) -> ipp.Cluster:
+    """An ipyparallel controller on the bridge address and one engine in each namespace."""
+    cluster = ipp.Cluster(n=0, profile_dir=str(tmp_path / "profile"), controller_ip=hosts.controller_ip,
+                          controller_args=["--IPController.use_threads=True"], log_level=40)
+    cluster.start_controller_sync()
+    for ns in namespaces:
+        cluster.start_engines_sync(n=1, engine_set_id=ns,
+                                   engine_cmd=["ip", "netns", "exec", ns, sys.executable, "-m", "ipyparallel.engine"])
+    return cluster
+
+
+@pytest.fixture
+def ipp_cluster(hosts, tmp_path):
+    made = []
+
+    def factory(namespaces):
+        cluster = engines_in(hosts, namespaces, tmp_path / f"c{len(made)}")
+        made.append(cluster)
+        return cluster
+
+    yield factory
+    for cluster in made:
+        cluster.stop_cluster_sync()
+
+
+@pytest.mark.slow
+def test_workers_in_two_namespaces_train_with_their_own_addresses(hosts, ipp_cluster):
+    h1, h2 = hosts.add(1), hosts.add(2)
+    engines = ipp_cluster([h1, h2])
+    with TFCluster(workers=2, engines=engines, start_timeout=60) as cluster:
+        addresses = sorted(t.address.rpartition(":")[0] for t in cluster.tasks)
+        assert addresses == [f"{SUBNET}.2", f"{SUBNET}.3"]
+        assert cluster.tf_configs["worker:0"]["cluster"] == cluster.tf_configs["worker:1"]["cluster"]
+        from kit.training import train_mnist
+        results = cluster.run(train_mnist, per_worker_batch=32, epochs=1, steps_per_epoch=5, verbose=0)
+    np.testing.assert_allclose(results[0]["loss"], results[1]["loss"], rtol=1e-5)
+    assert results[0]["workers"] == 2
+    assert not kit_processes(os.getpid())
+
+
+@pytest.mark.slow
+def test_a_namespace_without_a_route_to_the_others_is_named(hosts, ipp_cluster):
+    h4, h5 = hosts.add(4), hosts.add(5, routed=False)  # h5 reaches the controller, not h4
+    engines = ipp_cluster([h4, h5])
+    with pytest.raises(ClusterError) as info:
+        TFCluster(workers=2, engines=engines, start_timeout=60).start()
+    message = str(info.value)
+    print(message)
+    assert "cannot reach" in message and f"{SUBNET}.6" in message
+    assert set(info.value.tasks) <= {"worker:0", "worker:1"} and info.value.tasks
+
+
+def test_too_few_engines_is_a_clear_error(tmp_path):
+    engines = ipp.Cluster(n=0, profile_dir=str(tmp_path / "profile"), log_level=40)
+    engines.start_controller_sync()
+    try:
+        engines.start_engines_sync(n=1, engine_set_id="only")
+        with pytest.raises(ClusterError, match="too few engines: 1 registered") as info:
+            TFCluster(workers=2, engines=engines, start_timeout=10).start()
+        assert info.value.tasks == ["worker:1"]
+    finally:
+        engines.stop_cluster_sync()
+
+
+def test_engines_with_different_tensorflow_versions_are_refused(tmp_path):
+    fake = tmp_path / "other-site"
+    (fake / "tensorflow-9.9.0.dist-info").mkdir(parents=True)
+    (fake / "tensorflow-9.9.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorflow\nVersion: 9.9.0\n")
+    engines = ipp.Cluster(n=0, profile_dir=str(tmp_path / "profile"), log_level=40)
+    engines.start_controller_sync()
+    try:
+        engines.start_engines_sync(n=1, engine_set_id="ordinary")
+        engines.start_engines_sync(n=1, engine_set_id="odd", environment={"PYTHONPATH": str(fake)})
+        with pytest.raises(ClusterError, match="different TensorFlow versions") as info:
+            TFCluster(workers=2, engines=engines, start_timeout=60).start()
+        assert "9.9.0" in str(info.value) and "2.21.0" in str(info.value)
+    finally:
+        engines.stop_cluster_sync()
+
+
+def test_engines_option_rejects_other_things():
+    with pytest.raises(OptionError, match="engines"):
+        TFCluster(workers=2, engines=42)
