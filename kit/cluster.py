@@ -278,7 +278,7 @@ class TFCluster:
 
     def run(self, fn: Callable, *args: Any, tasks: list[str] | None = None,
             timeout: float | None = None, stream: bool = True, max_failures: int = 0,
-            **kwargs: Any) -> list:
+            on_restart: Callable[["TFCluster"], Any] | None = None, **kwargs: Any) -> list:
         """Run ``fn(*args, **kwargs)`` on every task at once; return the results in task order.
 
         ``tasks`` restricts the run to some tasks (names like "worker:1"). Each task's output is
@@ -290,7 +290,8 @@ class TFCluster:
         out, every engine is replaced (:meth:`restart`) and ``fn`` is called again, up to N times;
         after that :class:`FailuresExhaustedError` lists every failure. Each failure is printed as
         it happens and kept in :attr:`failures`. ``fn`` must resume by itself (e.g. Keras's
-        BackupAndRestore) for the work done before a failure to count.
+        BackupAndRestore) for the work done before a failure to count. ``on_restart(cluster)`` runs
+        after each restart, before ``fn`` again (e.g. to start ParameterServerStrategy's servers).
         """
         if isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 0:
             raise OptionError("max_failures", f"{max_failures!r} is not a whole number >= 0",
@@ -316,6 +317,8 @@ class TFCluster:
                 print(f"[kit] restarting all {len(self.task_names)} tasks with fresh engines "
                       f"(restart {len(failures)} of at most {max_failures})", file=sys.stderr, flush=True)
                 self._supervised_restart(failures, max_failures, name)
+                if on_restart is not None:
+                    on_restart(self)
                 failure.restarted_at = time.time()
                 print(f"[kit] restarted in {failure.restarted_at - failure.failed_at:.1f}s; "
                       f"running {name} again", file=sys.stderr, flush=True)

@@ -88,8 +88,9 @@ def final_losses(run_dir: str | os.PathLike, task: str = "worker:0") -> dict[int
 def summarize(run_dir: str | os.PathLike, task: str = "worker:0") -> dict[str, Any]:
     """What the journal of ``task`` says about a run: attempts, steps redone, time to resume.
 
-    ``final_epochs`` are the epochs whose end the last attempt of each epoch recorded; a run that
-    covered its epochs exactly once has them as ``0..epochs-1`` with no repeats.
+    ``final_epochs`` are the epochs whose end some attempt recorded (a kill between an epoch's
+    last step and its end leaves that epoch's end unrecorded, though all its steps were done);
+    ``steps_missing`` lists global steps that no attempt ran (expected: none).
     """
     records = [r for r in read_journal(run_dir) if r["task"] == task]
     steps = [r for r in records if r["event"] == "step"]
@@ -112,7 +113,9 @@ def summarize(run_dir: str | os.PathLike, task: str = "worker:0") -> dict[str, A
                             "last_step_time": before[-1]["time"], "start_time": start["time"],
                             "first_step_after": after[0]["global_step"],
                             "first_step_time": after[0]["time"], "initial_step": start["initial_step"]})
+    last = max(seen, default=0)
     return {"attempts": len(starts), "steps_run": len(steps), "distinct_steps": len(seen),
+            "steps_missing": [s for s in range(1, last + 1) if s not in seen],
             "steps_redone": redone, "final_epochs": sorted(epoch_ends), "resumes": resumes,
             "completed": any(r["event"] == "end" for r in records)}
 
@@ -283,3 +286,65 @@ def train_preemptible(run_dir: str, total_steps: int = 60, per_worker_batch: int
     return {"task": task_name(), "attempt": journal.attempt, "first_step": int(first),
             "global_step": int(handler.total_run_calls),
             "optimizer_iterations": int(optimizer.iterations.numpy())}
+
+
+# ----- ParameterServerStrategy: lost workers are rescheduled, a lost ps restarts the run ----------
+def train_parameter_server(run_dir: str, steps: int = 60, per_worker_batch: int = 32,
+                           checkpoint_every: int = 10, kill_pid: int | None = None,
+                           kill_after_step: int | None = None, learning_rate: float = 0.05,
+                           seed: int = 42) -> dict[str, Any]:
+    """On the chief: schedule ``steps`` steps in chunks of ``checkpoint_every``, checkpointing after
+    each chunk and resuming from the latest checkpoint when called again.
+
+    ``kill_pid``/``kill_after_step`` SIGKILL one process of this machine (a worker or a ps) once,
+    while the chunk holding that step runs. A lost worker's functions are rescheduled on the other
+    workers by the ``ClusterCoordinator``; a lost ps makes ``join`` raise, and the supervised run
+    (``cluster.run(..., max_failures=1, on_restart=start the servers)``) calls this again.
+    """
+    tf = import_tensorflow()
+    from .custom_loop import build_model
+    from .ps import make_step_fn, make_strategy, mnist_dataset_fn
+
+    journal = Journal(run_dir)
+    strategy = make_strategy()
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    tf.keras.utils.set_random_seed(seed)
+    with strategy.scope():
+        model = build_model(learning_rate=learning_rate)
+        optimizer = tf.keras.optimizers.SGD(learning_rate=learning_rate)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, str(Path(run_dir) / "ps-checkpoints"), max_to_keep=2)
+    manager.restore_or_initialize()
+    first = int(optimizer.iterations.numpy())
+    journal.write("start", initial_step=first)
+    dataset_fn = mnist_dataset_fn(per_worker_batch, seed=seed)
+
+    @tf.function
+    def per_worker_dataset_fn():
+        return strategy.distribute_datasets_from_function(dataset_fn)
+
+    iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+    step_fn = make_step_fn(strategy, model, optimizer)
+    scheduled = first
+    workers_seen: list[int] = []
+    while scheduled < steps:
+        chunk = min(checkpoint_every, steps - scheduled)
+        remotes = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(chunk)]
+        if (kill_pid is not None and kill_after_step is not None
+                and scheduled < kill_after_step <= scheduled + chunk
+                and fire_once(run_dir, f"kill-pid-{kill_pid}")):
+            remotes[kill_after_step - scheduled - 1].fetch()  # that step has run: kill now
+            journal.write("kill", global_step=kill_after_step, pid=kill_pid)
+            os.kill(kill_pid, signals.SIGKILL)
+        coordinator.join()
+        scheduled += chunk
+        for remote in remotes:
+            record = remote.fetch()
+            workers_seen.append(int(record["worker"]))
+            journal.write("step", global_step=int(record["after"]), loss=float(record["loss"]),
+                          worker=int(record["worker"]))
+        manager.save(checkpoint_number=scheduled)
+    journal.write("end", global_step=int(optimizer.iterations.numpy()))
+    return {"task": task_name(), "attempt": journal.attempt, "first_step": first,
+            "scheduled": scheduled, "model_version": int(optimizer.iterations.numpy()),
+            "steps_per_worker": {w: workers_seen.count(w) for w in sorted(set(workers_seen))}}

@@ -42,11 +42,14 @@ def kill_trial(run_dir: str, layout: dict[str, Any], victim: str, kill_step: int
     summaries = {t: resilience.summarize(run_dir, t) for t in tasks}
     kill = next(r for r in resilience.read_journal(run_dir) if r["event"] == "kill")
     first_after = min(s["resumes"][0]["first_step_time"] for s in summaries.values() if s["resumes"])
-    exact = all(s["final_epochs"] == list(range(epochs)) and s["completed"] for s in summaries.values())
     total = epochs * steps_per_epoch
+    # exactly the requested training: every step 1..total ran, and the model ends at step total
+    exact = all(s["completed"] and s["distinct_steps"] == total and not s["steps_missing"]
+                for s in summaries.values())
     return {
         "victim": victim, "kill_step": kill_step, "save_freq": save_freq,
         "completed_exactly": exact and all(r["global_step"] == total for r in results),
+        "epochs_recorded": summaries[tasks[0]]["final_epochs"],
         "failures": len(failures),
         "steps_redone": max(s["steps_redone"] for s in summaries.values()),
         "resumed_at_step": summaries[tasks[0]]["resumes"][0]["first_step_after"],

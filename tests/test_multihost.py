@@ -178,3 +178,23 @@ def test_engines_with_different_tensorflow_versions_are_refused(tmp_path):
 def test_engines_option_rejects_other_things():
     with pytest.raises(OptionError, match="engines"):
         TFCluster(workers=2, engines=42)
+
+
+def test_a_users_cluster_without_engines_gets_one_engine_set_per_task(tmp_path, no_leaks):
+    """Given an ipyparallel.Cluster (any launcher; here the local one), the kit starts its controller
+    and one engine set per TF task through it, can restart them, and stops what it started."""
+    engines = ipp.Cluster(n=0, profile_dir=str(tmp_path / "profile"), log_level=40)
+    cluster = TFCluster(workers=2, engines=engines, start_timeout=60).start()
+    try:
+        assert sorted(engines.engines) == ["worker-0", "worker-1"]
+        first = cluster.run(os.getpid)
+        cluster.restart()
+        second = cluster.run(os.getpid)
+        assert not set(first) & set(second)
+        assert [t.pid for t in cluster.tasks] == second
+        started = [*second, engines.controller.process.pid]
+    finally:
+        cluster.stop()
+    assert engines.controller is None and not engines.engines
+    import psutil
+    assert not [p for p in started if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]

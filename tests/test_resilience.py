@@ -151,3 +151,42 @@ def test_chief_keeps_the_checkpoint_and_workers_write_disjoint_temporary_files(m
     assert not set(chief["files"]) & set(other["files"])  # no file written by two tasks
     assert not os.path.exists(other["write_dir"])  # the temporary copy is gone
     assert any(name.startswith("ckpt-1") for name in os.listdir(tmp_path))
+
+
+# ----- ParameterServerStrategy ---------------------------------------------------------------------
+PS_SERVERS = ["worker:0", "worker:1", "ps:0"]
+
+
+def start_ps_servers(cluster):
+    from kit import ps
+    cluster.run(ps.start_server, tasks=PS_SERVERS, stream=False)
+
+
+@pytest.mark.slow
+def test_ps_a_lost_worker_s_functions_are_rescheduled(make_cluster, tmp_path):
+    import psutil
+
+    cluster = make_cluster(chief=True, workers=2, ps=1)
+    start_ps_servers(cluster)
+    victim = {t.name: t.pid for t in cluster.tasks}["worker:1"]
+    (result,) = cluster.run(resilience.train_parameter_server, str(tmp_path), steps=40, checkpoint_every=10,
+                            kill_pid=victim, kill_after_step=15, tasks=["chief:0"], max_failures=1,
+                            on_restart=start_ps_servers)
+    assert not cluster.failures  # the coordinator coped; nothing was restarted
+    assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == psutil.STATUS_ZOMBIE
+    assert result["model_version"] == result["scheduled"] == 40  # every function ran exactly once
+    assert set(result["steps_per_worker"]) == {0, 1} and result["steps_per_worker"][0] > 20
+
+
+@pytest.mark.slow
+def test_ps_a_lost_parameter_server_restarts_the_run_from_the_checkpoint(make_cluster, tmp_path):
+    cluster = make_cluster(chief=True, workers=2, ps=1)
+    start_ps_servers(cluster)
+    victim = {t.name: t.pid for t in cluster.tasks}["ps:0"]
+    (result,) = cluster.run(resilience.train_parameter_server, str(tmp_path), steps=40, checkpoint_every=10,
+                            kill_pid=victim, kill_after_step=15, tasks=["chief:0"], max_failures=1,
+                            on_restart=start_ps_servers)
+    (failure,) = cluster.failures
+    assert failure.task == "chief:0" and ("Unavailable" in failure.error or "Aborted" in failure.error)
+    assert result["attempt"] == 2 and result["first_step"] == 10  # the last checkpoint before the kill
+    assert result["model_version"] == 40
