@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit notebooks lab bench faults clean
+.PHONY: demo test unit notebooks lab bench faults compat clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest tests
 
 notebooks: $(STAMP)
-	$(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks/
+	$(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider --ignore=notebooks/out notebooks/
 
 lab: $(STAMP)  ## open the notebooks in JupyterLab
 	$(BIN)/jupyter lab notebooks/
@@ -31,6 +31,9 @@ bench: $(STAMP)  ## efficiency, start-up, recovery, memory, notebook times -> ou
 
 faults: $(STAMP)  ## 10 fault-injection trials (random task, random step) -> out/faults/trials.json
 	$(BIN)/kit faults --trials 10 --out out/faults
+
+compat: $(STAMP)  ## rerun the Keras compatibility table -> docs/keras-compatibility.md
+	$(BIN)/python -m kit.compat --out docs/keras-compatibility.md
 
 clean:
 	rm -rf out notebooks/out .pytest_cache

@@ -12,10 +12,13 @@ from .errors import (ClusterError, FailuresExhaustedError, KitError, OptionError
 
 __version__ = "0.1.0"
 __all__ = ["TFCluster", "ClusterOptions", "TaskInfo", "KitError", "TFConfigError", "ClusterError",
-           "OptionError", "WorkerError", "FailuresExhaustedError", "tfconfig", "data", "models", "training"]
+           "OptionError", "WorkerError", "FailuresExhaustedError", "import_tensorflow", "tfconfig", "data", "models", "training"]
 
-_LAZY = {"TFCluster": "cluster", "ClusterOptions": "cluster", "TaskInfo": "cluster"}
-_SUBMODULES = {"tfconfig", "data", "models", "training", "cluster", "results", "plots", "experiments"}
+_LAZY = {"TFCluster": "cluster", "ClusterOptions": "cluster", "TaskInfo": "cluster",
+         "import_tensorflow": "_tf"}
+_SUBMODULES = {"tfconfig", "data", "models", "training", "cluster", "results", "plots", "experiments",
+               "scaling", "mirrored", "multiworker", "sharding", "checkpoints", "probes", "resilience",
+               "ps", "custom_loop", "compat", "bench", "fault_trials"}
 
 
 def __getattr__(name: str) -> Any:

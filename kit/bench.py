@@ -109,7 +109,7 @@ def time_to_ready(workers: int = 2) -> float:
 
 def recovery_time(seed: int) -> float:
     """Seconds from a SIGKILL of worker:1 to the first training step after the resume."""
-    from .trials import kill_trial
+    from .fault_trials import kill_trial
 
     with tempfile.TemporaryDirectory(prefix="kit-bench-") as run_dir:
         row = kill_trial(run_dir, {"workers": 2}, "worker:1", kill_step=15 + seed % 10, epochs=2,

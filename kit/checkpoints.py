@@ -81,12 +81,16 @@ def save(checkpoint, directory: str | os.PathLike, strategy=None, *, task_type: 
 def restore_latest(checkpoint, directory: str | os.PathLike) -> str | None:
     """Restore ``checkpoint`` from the newest checkpoint in ``directory`` (the chief's); return its path.
 
-    Returns None, restoring nothing, when ``directory`` holds no checkpoint.
+    Returns None, restoring nothing, when ``directory`` holds no checkpoint. Every object that
+    exists now must match the checkpoint; values for objects not created yet (e.g. the optimizer
+    slots of a freshly built model) are restored when those are created, or never, silently.
     """
     from ._tf import import_tensorflow
 
     tf = import_tensorflow()
     latest = tf.train.latest_checkpoint(str(directory))
     if latest is not None:
-        checkpoint.restore(latest).assert_existing_objects_matched()
+        status = checkpoint.restore(latest)
+        status.assert_existing_objects_matched()
+        status.expect_partial()
     return latest

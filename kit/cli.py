@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("faults", help="kill a random task at a random step, N times, and measure",
                        description="Fault-injection trials: each on a fresh cluster, supervised, "
                                    "resumed with BackupAndRestore; counts leftover processes.")
-    _delegate(p, "trials")
+    _delegate(p, "fault_trials")
     return parser
 
 

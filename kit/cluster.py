@@ -56,14 +56,14 @@ class ClusterOptions:
                         "TF_USE_LEGACY_KERAS=1; works with MultiWorkerMirroredStrategy) or "
                         "'keras3' (TF's default since 2.16; model.fit fails under "
                         "MultiWorkerMirroredStrategy, keras-team/keras#20585).")
-    threads: int | None = _field(None, "CPU threads per task (TF intra- and inter-op, OpenMP); "
-                                       "default: usable cores divided by the number of tasks.")
+    threads: int | None = _field(None, "CPU threads per task (TF intra-op and OpenMP; inter-op gets at "
+                                       "least 2); default: usable cores divided by the number of tasks.")
     host: str = _field("127.0.0.1", "Address the TF tasks use to reach each other (and the "
                                     "controller's IP) for engines started on this machine.")
     start_timeout: float = _field(60.0, "Seconds to wait for every engine to register and "
                                         "report its TF_CONFIG before giving up.")
     env: dict = _field(None, "Extra environment variables for every task, e.g. "
-                             "{'TF_CPP_MIN_LOG_LEVEL': '2'}.", )
+                             "{'TF_ENABLE_ONEDNN_OPTS': '0'}.")
     engines: Any = _field(None, "Use engines from elsewhere instead of starting local ones: an "
                                 "ipyparallel.Cluster (its launcher starts one engine set per task, "
                                 "or its running engines are used), an ipyparallel.Client, or the "
@@ -260,8 +260,9 @@ class TFCluster:
             if self._client is not None:
                 self._client.close()
                 self._client = None
-            try:
-                self._ipp.stop_cluster_sync()
+            try:  # engines first: an engine whose controller vanished first exits with an error
+                self._ipp.stop_engines_sync()
+                self._ipp.stop_controller_sync()
             finally:
                 _reap(pids, self.log)
                 self._ipp = None
@@ -411,7 +412,9 @@ class TFCluster:
             cluster_id=f"kit-{uuid.uuid4().hex[:8]}",
             controller_ip=self.options.host,
             controller_args=["--IPController.use_threads=True", f"--HeartMonitor.period={HEARTBEAT_MS}"],
-            log_level=logging.WARNING,
+            # ipyparallel warns, with the engine's whole log, about every engine that exits with a
+            # signal; the kit kills engines on purpose (restart) and reports real failures itself
+            log_level=logging.ERROR,
         )
         self._ipp.start_controller_sync(
             controller_cmd=[sys.executable, "-m", "kit._lifeline", "ipyparallel.controller"],
@@ -493,7 +496,8 @@ class TFCluster:
             "TF_CONFIG": tfconfig.dumps(self._tf_configs[name]),
             "TF_USE_LEGACY_KERAS": KERAS_CHOICES[self.options.keras],
             "TF_NUM_INTRAOP_THREADS": str(threads),
-            "TF_NUM_INTEROP_THREADS": str(threads),
+            # at least 2: with one inter-op thread, ParameterServerStrategy steps hang forever
+            "TF_NUM_INTEROP_THREADS": str(max(2, threads)),
             "OMP_NUM_THREADS": str(threads),
         }
 

@@ -48,12 +48,17 @@ def _step_logger(tf, records: dict[str, list], summed_over: int):
 
 def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: int = 70,
                 learning_rate: float = 0.001, strategy: str = "multi_worker_mirrored",
-                seed: int = 42, verbose: int = 2) -> dict[str, Any]:
+                seed: int = 42, verbose: int = 2, *, warmup_steps: int = 0, warmup_from: float = 0.0,
+                eval_examples: int = 0) -> dict[str, Any]:
     """The seeds' example on this task: build the CNN in ``strategy.scope()`` and ``fit`` MNIST.
 
     The global batch is ``per_worker_batch × workers``. Returns the task's view of the run: losses
     and accuracies per epoch, loss per step, steady-state examples/s (epochs after the first, which
     includes tracing) and wall time.
+
+    Optional (kit.scaling, notebook 08): ``warmup_steps > 0`` ramps the learning rate linearly from
+    ``warmup_from`` to ``learning_rate`` over the first steps (gradual warmup); ``eval_examples > 0``
+    also evaluates on that many MNIST test examples and adds ``test_loss`` and ``test_accuracy``.
     """
     tf = import_tensorflow()
     from . import data, models
@@ -64,14 +69,24 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
     workers = dist.num_replicas_in_sync
     global_batch = per_worker_batch * workers
     dataset = data.mnist_dataset(global_batch, shuffle_seed=seed)
+    rate = learning_rate
+    if warmup_steps:
+        from .scaling import warmup_schedule
+
+        rate = warmup_schedule(learning_rate, warmup_steps, warmup_from)
     with dist.scope():
-        model = models.build_and_compile_cnn_model(learning_rate=learning_rate)
+        model = models.build_and_compile_cnn_model(learning_rate=rate)
     records: dict[str, list] = {"step_loss": [], "epoch_seconds": []}
     summed_over = workers if isinstance(dist, tf.distribute.MultiWorkerMirroredStrategy) else 1
     history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
                         callbacks=[_step_logger(tf, records, summed_over)])
     timed = records["epoch_seconds"][1:] or records["epoch_seconds"]
     examples = global_batch * steps_per_epoch * len(timed)
+    evaluation = {}
+    if eval_examples:
+        test = data.mnist_dataset(global_batch, train=False).take(-(-eval_examples // global_batch))
+        test_loss, test_accuracy = model.evaluate(test, verbose=0)
+        evaluation = {"test_loss": float(test_loss), "test_accuracy": float(test_accuracy)}
     return {
         "task": os.environ.get("KIT_TASK", "local"),
         "keras": keras_flavour(),
@@ -84,4 +99,5 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
         "epoch_seconds": records["epoch_seconds"],
         "examples_per_second": examples / sum(timed),
         "wall_seconds": time.perf_counter() - started,
+        **evaluation,
     }

@@ -29,6 +29,26 @@ def describe(procs: list[psutil.Process]) -> list[str]:
     return out
 
 
+def broken_startup(directory: Path, monkeypatch, body: str, task: str = "worker:1") -> None:
+    """Make ``task``'s engine run ``body`` at Python start-up (a sitecustomize on its PYTHONPATH).
+
+    A real way to make one engine crash, hang or refuse to start, for the failure tests.
+    """
+    from kit.cluster import TFCluster
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sitecustomize.py").write_text(body)
+    original = TFCluster._task_environment
+
+    def environment(self, name, *args):
+        env = original(self, name, *args)
+        if name == task:
+            env["PYTHONPATH"] = str(directory)
+        return env
+
+    monkeypatch.setattr(TFCluster, "_task_environment", environment)
+
+
 @pytest.fixture
 def no_leaks():
     """Fails the test if a kit process it started (directly or not) is still alive afterwards."""

@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import REPO, kit_processes
+from conftest import REPO, broken_startup, kit_processes
 from kit import tfconfig
 from kit.cluster import TFCluster, _usable_cores
 from kit.errors import ClusterError, OptionError, WorkerError
@@ -269,20 +269,6 @@ def test_a_port_taken_after_it_was_picked_is_replaced(make_cluster, monkeypatch)
             return json.loads(os.environ["TF_CONFIG"])
 
         assert cluster.run(seen_tf_config) == [cluster.tf_configs[n] for n in cluster.task_names]
-
-
-def broken_startup(tmp_path, monkeypatch, body):
-    """Make worker:1's Python run ``body`` at start-up (through sitecustomize on its PYTHONPATH)."""
-    (tmp_path / "sitecustomize.py").write_text(body)
-    original = TFCluster._task_environment
-
-    def environment(self, name):
-        env = original(self, name)
-        if name == "worker:1":
-            env["PYTHONPATH"] = str(tmp_path)
-        return env
-
-    monkeypatch.setattr(TFCluster, "_task_environment", environment)
 
 
 def test_a_task_that_crashes_at_start_is_named(tmp_path, monkeypatch, no_leaks):

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from conftest import broken_startup
 from kit import resilience
-from kit.cluster import TFCluster
 from kit.errors import FailuresExhaustedError
 
 
@@ -108,19 +108,8 @@ def test_sigterm_makes_all_workers_save_at_the_same_step(make_cluster, tmp_path)
 @pytest.mark.slow
 def test_a_task_that_never_comes_back_exhausts_max_failures(make_cluster, tmp_path, monkeypatch):
     """After the first kill, worker:1 cannot start any more: a clear error, no hang, no leftovers."""
-    broken = tmp_path / "site"
-    broken.mkdir()
-    (broken / "sitecustomize.py").write_text(
-        f"import os\nif os.path.exists({str(tmp_path / 'run' / 'faults')!r}):\n    os._exit(9)\n")
-    original = TFCluster._task_environment
-
-    def environment(self, name):
-        env = original(self, name)
-        if name == "worker:1":
-            env["PYTHONPATH"] = str(broken)
-        return env
-
-    monkeypatch.setattr(TFCluster, "_task_environment", environment)
+    broken_startup(tmp_path / "site", monkeypatch,
+                   f"import os\nif os.path.exists({str(tmp_path / 'run' / 'faults')!r}):\n    os._exit(9)\n")
     cluster = make_cluster(workers=2, start_timeout=30)
     start = time.monotonic()
     with pytest.raises(FailuresExhaustedError) as info:

@@ -1,6 +1,6 @@
 """Fault-injection trials: kill a random task at a random step, many times, and measure.
 
-    python -m kit.trials --trials 10 --out out/fault-trials
+    python -m kit.fault_trials --trials 10 --out out/fault-trials
 
 Each trial starts a fresh cluster, trains with ``BackupAndRestore`` under a supervised run
 (``max_failures``), kills one task (SIGKILL) at a random global step from inside that task, and
@@ -110,7 +110,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kit.trials", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kit.fault_trials", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))

@@ -1,0 +1,345 @@
+"""Which Keras works with which strategy, measured: the Keras compatibility table.
+
+Each combination of Keras (tf-keras, Keras 3) × strategy (default, MirroredStrategy,
+MultiWorkerMirroredStrategy, ParameterServerStrategy) × training API (``model.fit``, custom
+loop) is *run* on a :class:`kit.TFCluster` started with ``keras="tf-keras"`` or ``keras="keras3"``,
+for a few steps of the kit's MNIST CNN; the outcome is "ok" or the error's first line.
+
+    python -m kit.compat --out docs/keras-compatibility.md
+
+Combinations that need the same cluster layout share one cluster (its processes run the custom
+loop first, then ``model.fit``); a cluster that timed out or lost a task is restarted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from .errors import ClusterError, KitError, WorkerError
+
+if TYPE_CHECKING:
+    from .cluster import TFCluster
+
+KERAS = ("tf-keras", "keras3")
+STRATEGIES = ("default", "mirrored", "multi_worker_mirrored", "parameter_server")
+MODES = ("custom_loop", "fit")  # the order a process runs them in
+TABLE_MODES = ("fit", "custom_loop")  # the order the table shows them in
+#: The cluster each strategy runs on (TFCluster options).
+TOPOLOGIES: dict[str, dict[str, Any]] = {
+    "default": {"workers": 1},
+    "mirrored": {"workers": 1},
+    "multi_worker_mirrored": {"workers": 2},
+    "parameter_server": {"chief": True, "workers": 2, "ps": 1},
+}
+STRATEGY_LABELS = {
+    "default": "default (no distribution)",
+    "mirrored": "MirroredStrategy (2 logical CPUs)",
+    "multi_worker_mirrored": "MultiWorkerMirroredStrategy (2 workers)",
+    "parameter_server": "ParameterServerStrategy (chief, 2 workers, 1 ps)",
+}
+MODE_LABELS = {"fit": "model.fit", "custom_loop": "custom loop"}
+LOGICAL_CPUS = 2
+DEFAULT_STEPS = 3
+DEFAULT_TIMEOUT = 180.0
+DOCS_TABLE = Path(__file__).resolve().parent.parent / "docs" / "keras-compatibility.md"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What running one combination gave: ``ok``, or the first line of the error."""
+
+    keras: str
+    strategy: str
+    mode: str
+    ok: bool
+    error: str = ""
+    seconds: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.keras, self.strategy, self.mode)
+
+    @property
+    def cell(self) -> str:
+        """The table cell: ``ok`` or ``fails: `<error>```."""
+        return "ok" if self.ok else f"fails: `{_escape(self.error)}`"
+
+
+def _escape(text: str) -> str:
+    """Fit an error line into a Markdown table cell inside backticks."""
+    return text.replace("|", "/").replace("`", "'")
+
+
+def first_line(error: BaseException | str, limit: int = 140) -> str:
+    """``"Type: first line of the message"``, cut to ``limit`` characters.
+
+    An error raised while tracing a ``tf.function`` starts with "in user code:" and the frames;
+    its real first line is the last "SomeError: ..." line of the message.
+    """
+    if isinstance(error, BaseException):
+        lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+        text = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+        if lines and lines[0] == "in user code:":
+            inner = [line for line in lines[1:] if re.match(r"[A-Za-z_.]*(Error|Exception)\b.*:", line)]
+            text = inner[-1] if inner else text
+    else:
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def signature(error: str) -> str:
+    """The stable part of an error line: its first five words (type included; no values)."""
+    return " ".join(_escape(error).strip().strip("'").split()[:5])
+
+
+def attempt(strategy: str, mode: str, steps: int = DEFAULT_STEPS) -> dict[str, Any]:
+    """On a task: train ``steps`` steps with ``strategy`` and ``mode``; never raises.
+
+    Returns ``{"ok", "error", "seconds", "keras"}``. For ``default`` and ``mirrored`` the CPU is
+    first split into :data:`LOGICAL_CPUS` logical devices (this must be the process's first
+    TensorFlow work); for ``parameter_server`` this runs on the chief, with the servers started.
+    """
+    from ._tf import keras_flavour
+
+    started = time.perf_counter()
+    try:
+        if strategy == "parameter_server":
+            from . import ps
+
+            if mode == "fit":
+                ps.train_fit(epochs=1, steps_per_epoch=steps, per_worker_batch=16, examples=512,
+                             max_shards=1)
+            else:
+                ps.train_custom_loop(steps=steps, per_worker_batch=16, examples=512, max_shards=1)
+        else:
+            from . import custom_loop
+
+            if strategy in ("default", "mirrored"):
+                from .mirrored import split_cpu
+
+                split_cpu(LOGICAL_CPUS)
+            train = custom_loop.train_fit if mode == "fit" else custom_loop.train_loop
+            train(strategy=strategy, per_replica_batch=16, epochs=1, steps_per_epoch=steps,
+                  eval_steps=1, logical_cpus=LOGICAL_CPUS)
+        ok, error = True, ""
+    except Exception as e:  # the outcome *is* the error: record it, do not raise
+        ok, error = False, first_line(e)
+    return {"ok": ok, "error": error, "seconds": time.perf_counter() - started,
+            "keras": keras_flavour()}
+
+
+def run_on_cluster(cluster: "TFCluster", strategy: str, mode: str, steps: int = DEFAULT_STEPS,
+                   timeout: float = DEFAULT_TIMEOUT) -> Outcome:
+    """Run one combination on a started cluster of the strategy's topology (its Keras choice).
+
+    A timeout or a lost task is recorded as the outcome, and the cluster is restarted so that
+    the next combination starts from fresh processes.
+    """
+    keras = cluster.options.keras
+    if strategy == "parameter_server":
+        from .ps import start_server
+
+        cluster.run(start_server, tasks=[n for n in cluster.task_names if n != "chief:0"],
+                    stream=False)
+        tasks = ["chief:0"]
+    else:
+        tasks = cluster.task_names
+    started = time.perf_counter()
+    try:
+        results = cluster.run(attempt, strategy, mode, steps, tasks=tasks, timeout=timeout,
+                              stream=False)
+    except (ClusterError, WorkerError) as e:
+        cluster.restart()
+        return Outcome(keras, strategy, mode, False, first_line(e), time.perf_counter() - started)
+    failed = [r for r in results if not r["ok"]]
+    flavours = {r["keras"] for r in results}
+    if flavours != {keras}:
+        raise KitError(f"the cluster was started with keras={keras!r} but its tasks run "
+                       f"{', '.join(sorted(flavours))}. Fix: start engines before TensorFlow is "
+                       "imported, with TFCluster(keras=...)")
+    return Outcome(keras, strategy, mode, not failed, failed[0]["error"] if failed else "",
+                   max(r["seconds"] for r in results))
+
+
+def run_combination(keras: str, strategy: str, mode: str, steps: int = DEFAULT_STEPS,
+                    timeout: float = DEFAULT_TIMEOUT) -> Outcome:
+    """Start a cluster for one combination, run it, stop the cluster."""
+    from .cluster import TFCluster
+
+    _check(keras, strategy, mode)
+    with TFCluster(**TOPOLOGIES[strategy], keras=keras) as cluster:
+        return run_on_cluster(cluster, strategy, mode, steps, timeout)
+
+
+def run_all(keras: Iterable[str] = KERAS, strategies: Iterable[str] = STRATEGIES,
+            modes: Iterable[str] = MODES, steps: int = DEFAULT_STEPS,
+            timeout: float = DEFAULT_TIMEOUT,
+            progress: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Run every combination; one cluster per Keras choice and topology. Returns the outcomes
+    in table order (strategy, mode, Keras)."""
+    from .cluster import TFCluster
+
+    keras, strategies, modes = list(keras), list(strategies), list(modes)
+    for k in keras:
+        for s in strategies:
+            for m in modes:
+                _check(k, s, m)
+    groups: dict[tuple, list[str]] = {}
+    for s in strategies:
+        groups.setdefault(tuple(sorted(TOPOLOGIES[s].items())), []).append(s)
+    outcomes: dict[tuple, Outcome] = {}
+    for k in keras:
+        for layout, members in groups.items():
+            with TFCluster(**dict(layout), keras=k) as cluster:
+                for s in members:
+                    for m in modes:
+                        outcome = run_on_cluster(cluster, s, m, steps, timeout)
+                        outcomes[outcome.key] = outcome
+                        if progress:
+                            progress(outcome)
+    return [outcomes[(k, s, m)] for s in strategies for m in TABLE_MODES if m in modes for k in keras]
+
+
+def _check(keras: str, strategy: str, mode: str) -> None:
+    for value, choices, name in ((keras, KERAS, "keras"), (strategy, STRATEGIES, "strategy"),
+                                 (mode, MODES, "mode")):
+        if value not in choices:
+            raise KitError(f"{name}={value!r} is unknown. Fix: use one of {', '.join(choices)}")
+
+
+def versions() -> dict[str, str]:
+    """Versions of what the table depends on, from the installed distributions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": platform.python_version()}
+    for name in ("tensorflow", "tf-keras", "keras", "ipyparallel"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def to_markdown(outcomes: list[Outcome], steps: int = DEFAULT_STEPS,
+                when: datetime.date | None = None, seconds: float | None = None,
+                command: str | None = None) -> str:
+    """The compatibility table as a Markdown document, with how and when it was measured."""
+    when = when or datetime.date.today()
+    command = command or f"python -m kit.compat --out docs/keras-compatibility.md --steps {steps}"
+    found = versions()
+    keras = [k for k in KERAS if any(o.keras == k for o in outcomes)]
+    by_key = {o.key: o for o in outcomes}
+    rows = []
+    for s in STRATEGIES:
+        for m in TABLE_MODES:
+            if any((k, s, m) in by_key for k in keras):
+                cells = [by_key[(k, s, m)].cell if (k, s, m) in by_key else "not run" for k in keras]
+                rows.append(f"| {STRATEGY_LABELS[s]} | {MODE_LABELS[m]} | " + " | ".join(cells) + " |")
+    took = f" in {seconds:.0f} s" if seconds is not None else ""
+    complete = [k for k in keras if all(by_key[key].ok for key in by_key if key[0] == k)]
+    verdict = f"Every combination ran with: {', '.join(complete) or 'neither'}."
+    if "tf-keras" in complete and complete != keras:
+        verdict += " That is why the kit uses tf-keras by default (`TFCluster(keras=\"tf-keras\")`)."
+    return "\n".join([
+        "# Keras compatibility, measured",
+        "",
+        "Which Keras trains the kit's MNIST CNN under which `tf.distribute` strategy, with `model.fit` "
+        "and with a custom training loop. Every cell comes from running that combination; a failure "
+        "shows the first line of its error.",
+        "",
+        "| strategy | training | " + " | ".join(keras) + " |",
+        "|---|---|" + "---|" * len(keras),
+        *rows,
+        "",
+        verdict,
+        "",
+        "## How it was produced",
+        "",
+        f"`{command}` ({when.isoformat()}{took}). "
+        "For each Keras choice it starts a `kit.TFCluster` with `keras=\"tf-keras\"` "
+        "(`TF_USE_LEGACY_KERAS=1`) or `keras=\"keras3\"` (`TF_USE_LEGACY_KERAS=0`) and runs "
+        f"`kit.compat.attempt` for {steps} steps: `kit.custom_loop.train_loop` / `train_fit` for the "
+        "default strategy and MirroredStrategy (one task, the CPU split into "
+        f"{LOGICAL_CPUS} logical devices) and for MultiWorkerMirroredStrategy (2 workers), "
+        "`kit.ps.train_custom_loop` / `train_fit` for ParameterServerStrategy (chief, 2 workers, "
+        "1 ps; variables not partitioned; `fit` gets a `DatasetCreator`, or with Keras 3, which has "
+        "none, the dataset itself). \"ok\" means the steps ran without an error; it does not check "
+        "the losses. Strategies with the same cluster layout "
+        "share its processes; each process runs the custom loop first, then `model.fit`. "
+        "`tests/test_keras_compat.py` re-runs the MultiWorkerMirroredStrategy rows and checks them "
+        "against this file.",
+        "",
+        "Versions: " + ", ".join(f"{name} {v}" for name, v in found.items())
+        + f"; {platform.system()} {platform.machine()}.",
+        "",
+    ])
+
+
+def parse_markdown(text: str) -> dict[tuple[str, str, str], str]:
+    """``(keras, strategy, mode) -> cell`` from a table written by :func:`to_markdown`."""
+    strategies = {v: k for k, v in STRATEGY_LABELS.items()}
+    modes = {v: k for k, v in MODE_LABELS.items()}
+    header: list[str] = []
+    cells: dict[tuple[str, str, str], str] = {}
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            continue
+        parts = [p.strip() for p in line.strip().strip("|").split("|")]
+        if parts[:2] == ["strategy", "training"]:
+            header = parts[2:]
+        elif header and parts[0] in strategies and parts[1] in modes:
+            for k, cell in zip(header, parts[2:]):
+                cells[(k, strategies[parts[0]], modes[parts[1]])] = cell
+    return cells
+
+
+def matches(outcome: Outcome, cell: str) -> bool:
+    """Whether a table cell says what ``outcome`` measured (ok, or the same kind of error)."""
+    if outcome.ok or cell == "ok":
+        return outcome.ok and cell == "ok"
+    return cell.startswith("fails:") and \
+        signature(cell[len("fails:"):].strip().strip("`")) == signature(outcome.error)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kit.compat", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=None, help="write the Markdown table here")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps per run")
+    parser.add_argument("--keras", nargs="+", choices=KERAS, default=list(KERAS))
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help="seconds one combination may take before it counts as hung")
+    args = parser.parse_args(argv)
+
+    def report(o: Outcome) -> None:
+        print(f"{o.keras:>8}  {STRATEGY_LABELS[o.strategy]:<50} {MODE_LABELS[o.mode]:<11} "
+              f"{o.seconds:5.1f}s  {o.cell}", flush=True)
+
+    started = time.perf_counter()
+    outcomes = run_all(args.keras, args.strategies, args.modes, args.steps, args.timeout, report)
+    command = ["python -m kit.compat"] + ([f"--out {args.out}"] if args.out else []) + [f"--steps {args.steps}"]
+    for name, everything in (("keras", KERAS), ("strategies", STRATEGIES), ("modes", MODES)):
+        if list(getattr(args, name)) != list(everything):
+            command.append(f"--{name} {' '.join(getattr(args, name))}")
+    text = to_markdown(outcomes, args.steps, seconds=time.perf_counter() - started,
+                       command=" ".join(command))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        print(f"wrote {args.out}")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""The TF guide's custom training loop under a ``tf.distribute`` strategy, and ``model.fit`` beside it.
+
+Each piece is small enough to show in a notebook cell (``inspect.getsource``):
+
+- :func:`make_strategy` creates (once per process) the strategy a name stands for; for
+  ``mirrored`` it first splits the CPU into logical devices (:func:`kit.mirrored.split_cpu`), one
+  replica each, as on a machine with several GPUs;
+- :func:`build_model` is the kit's CNN with an L2 penalty, so ``model.losses`` is not empty;
+- :func:`make_train_step` is the guide's step: ``strategy.run``, ``tf.GradientTape``,
+  ``tf.nn.compute_average_loss`` with the *global* batch, ``tf.nn.scale_regularization_loss``,
+  ``strategy.reduce(SUM)``;
+- :func:`make_eval_step` counts correct predictions, summed over replicas;
+- :func:`train_loop` steps an iterator over a distributed dataset a fixed number of steps, and
+  iterates a finite distributed dataset with ``for``; :func:`train_fit` trains the same model
+  with ``model.fit``; :func:`loop_and_fit` runs both from the same weights on the same data.
+
+Everything here runs on a kit engine (``cluster.run(loop_and_fit, ...)``) and returns plain,
+picklable results.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+from ._tf import import_tensorflow, keras_flavour
+from .errors import KitError
+
+STRATEGIES = ("default", "mirrored", "multi_worker_mirrored")
+
+#: Strategies created in this process, by name: TensorFlow configures collectives once per
+#: process, so a second MultiWorkerMirroredStrategy must not be created next to the first.
+_STRATEGIES: dict[str, Any] = {}
+
+
+def make_strategy(name: str, logical_cpus: int = 2) -> "tf.distribute.Strategy":
+    """The strategy ``name`` stands for, created once per process.
+
+    ``default``: no distribution; ``mirrored``: one replica per logical CPU (``logical_cpus`` of
+    them; the split must come before TensorFlow's runtime starts, so use a fresh process);
+    ``multi_worker_mirrored``: one replica per worker, from TF_CONFIG.
+    """
+    if name not in STRATEGIES:
+        raise KitError(f"strategy={name!r} is unknown. Fix: use one of {', '.join(STRATEGIES)}")
+    if name in _STRATEGIES:
+        return _STRATEGIES[name]
+    tf = import_tensorflow()
+    if name == "default":
+        strategy = tf.distribute.get_strategy()
+    elif name == "mirrored":
+        from .mirrored import split_cpu
+
+        devices = [device.name for device in split_cpu(logical_cpus)]
+        strategy = tf.distribute.MirroredStrategy(devices=devices)
+    else:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    _STRATEGIES[name] = strategy
+    return strategy
+
+
+def build_model(learning_rate: float = 0.05, l2: float = 1e-4) -> "tf.keras.Model":
+    """The kit's CNN (:func:`kit.models.build_and_compile_cnn_model`) with an L2 penalty.
+
+    The penalty is ``l2 × sum(kernel²)`` on every Dense and Conv2D kernel (``l2=0`` for none);
+    it shows up in ``model.losses``. Call inside ``strategy.scope()``; the model is compiled
+    for ``model.fit`` (SGD, sparse categorical cross-entropy from logits, accuracy).
+    """
+    tf = import_tensorflow()
+    from .models import build_and_compile_cnn_model
+
+    model = build_and_compile_cnn_model(learning_rate=learning_rate)
+    if l2:
+        def with_penalty(layer):
+            config = layer.get_config()
+            if "kernel_regularizer" in config:
+                config["kernel_regularizer"] = tf.keras.regularizers.L2(l2)
+            return layer.__class__.from_config(config)
+
+        compiled = model
+        model = tf.keras.models.clone_model(compiled, clone_function=with_penalty)
+        model.compile(loss=compiled.loss, optimizer=tf.keras.optimizers.SGD(learning_rate),
+                      metrics=["accuracy"])
+    return model
+
+
+def make_train_step(strategy: "tf.distribute.Strategy", model: "tf.keras.Model",
+                    optimizer: Any, global_batch_size: int) -> Callable:
+    """The guide's distributed train step: returns ``step(batch) -> (loss, per_replica_loss)``.
+
+    Each replica computes its loss over its part of the batch, divided by the **global** batch
+    (``compute_average_loss``), plus its share of the regularization
+    (``scale_regularization_loss`` divides by the number of replicas). Gradients are summed across
+    replicas by ``apply_gradients``, so the update is the one a single process would make on the
+    whole global batch. ``strategy.reduce(SUM)`` adds the replicas' losses into the step's loss.
+    """
+    tf = import_tensorflow()
+    loss_object = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    def replica_step(images, labels):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            per_example_loss = loss_object(labels, logits)
+            loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch_size)
+            if model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def distributed_train_step(batch):
+        per_replica_loss = strategy.run(replica_step, args=batch)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None), per_replica_loss
+
+    return distributed_train_step
+
+
+def make_eval_step(strategy: "tf.distribute.Strategy", model: "tf.keras.Model") -> Callable:
+    """``step(batch) -> (correct, examples)``, each summed over the replicas."""
+    tf = import_tensorflow()
+
+    def replica_eval(images, labels):
+        predicted = tf.argmax(model(images, training=False), axis=1)
+        correct = tf.reduce_sum(tf.cast(tf.equal(predicted, labels), tf.int64))
+        return correct, tf.shape(labels, out_type=tf.int64)[0]
+
+    @tf.function
+    def distributed_eval_step(batch):
+        correct, examples = strategy.run(replica_eval, args=batch)
+        return (strategy.reduce(tf.distribute.ReduceOp.SUM, correct, axis=None),
+                strategy.reduce(tf.distribute.ReduceOp.SUM, examples, axis=None))
+
+    return distributed_eval_step
+
+
+def _setup(strategy_name: str, per_replica_batch: int, learning_rate: float, l2: float, seed: int,
+           logical_cpus: int, initial_weights: list | None) -> tuple:
+    """TensorFlow, the strategy, the global batch and a model built in the strategy's scope."""
+    tf = import_tensorflow()
+    strategy = make_strategy(strategy_name, logical_cpus)
+    global_batch = per_replica_batch * strategy.num_replicas_in_sync
+    tf.keras.utils.set_random_seed(seed)
+    with strategy.scope():
+        model = build_model(learning_rate=learning_rate, l2=l2)
+    if initial_weights is not None:
+        model.set_weights(initial_weights)
+    return tf, strategy, global_batch, model
+
+
+def _datasets(global_batch: int, seed: int, eval_steps: int) -> tuple:
+    """The repeating, shuffled training set and ``eval_steps`` batches of the test set."""
+    from .data import mnist_dataset
+
+    return (mnist_dataset(global_batch, shuffle_seed=seed),
+            mnist_dataset(global_batch, train=False).take(eval_steps))
+
+
+def _devices(strategy: "tf.distribute.Strategy") -> list[str]:
+    """The devices holding this process's replicas ([] for the default strategy, which has none)."""
+    try:
+        return list(strategy.extended.worker_devices)
+    except RuntimeError:  # "worker_devices() method unsupported by default tf.distribute.Strategy"
+        return []
+
+
+def _report(strategy_name: str, strategy: "tf.distribute.Strategy", global_batch: int,
+            **values: Any) -> dict[str, Any]:
+    return {"task": os.environ.get("KIT_TASK", "local"), "keras": keras_flavour(),
+            "strategy": strategy_name, "replicas": strategy.num_replicas_in_sync,
+            "devices": _devices(strategy),
+            "global_batch": global_batch, **values}
+
+
+def train_loop(strategy: str = "mirrored", per_replica_batch: int = 32, epochs: int = 2,
+               steps_per_epoch: int = 20, learning_rate: float = 0.05, l2: float = 1e-4,
+               seed: int = 42, eval_steps: int = 10, logical_cpus: int = 2,
+               initial_weights: list | None = None, return_weights: bool = False) -> dict[str, Any]:
+    """Train with the custom loop; return losses per step and epoch, the first step's per-replica
+    losses (``experimental_local_results``), test accuracy over ``eval_steps`` batches, timings.
+
+    Training steps an iterator ``steps_per_epoch`` times per epoch (the dataset repeats forever);
+    evaluation iterates a finite distributed dataset with ``for``.
+    """
+    tf, dist, global_batch, model = _setup(strategy, per_replica_batch, learning_rate, l2, seed,
+                                           logical_cpus, initial_weights)
+    train_data, test_data = _datasets(global_batch, seed, eval_steps)
+    with dist.scope():
+        optimizer = tf.keras.optimizers.SGD(learning_rate=learning_rate)
+    train_step = make_train_step(dist, model, optimizer, global_batch)
+    eval_step = make_eval_step(dist, model)
+
+    iterator = iter(dist.experimental_distribute_dataset(train_data))
+    step_loss, epoch_loss, step_start, step_end, local_losses = [], [], [], [], []
+    started = time.perf_counter()
+    for _ in range(epochs):
+        epoch_start = len(step_loss)
+        for _ in range(steps_per_epoch):
+            step_start.append(time.time())
+            loss, per_replica = train_step(next(iterator))
+            if not local_losses:
+                local_losses = [float(v) for v in dist.experimental_local_results(per_replica)]
+            step_loss.append(float(loss))
+            step_end.append(time.time())
+        epoch_loss.append(sum(step_loss[epoch_start:]) / steps_per_epoch)
+    train_seconds = time.perf_counter() - started
+
+    correct = examples = 0
+    for batch in dist.experimental_distribute_dataset(test_data):
+        c, n = eval_step(batch)
+        correct, examples = correct + int(c), examples + int(n)
+    result = _report(strategy, dist, global_batch, mode="custom loop", step_loss=step_loss,
+                     epoch_loss=epoch_loss, first_step_local_losses=local_losses,
+                     first_step_loss=step_loss[0] if step_loss else None,
+                     eval_accuracy=correct / examples if examples else None,
+                     eval_examples=examples, step_start_times=step_start, step_end_times=step_end,
+                     train_seconds=train_seconds)
+    if return_weights:
+        result["weights"] = model.get_weights()
+    return result
+
+
+def _batch_recorder(tf: Any, running_means: list) -> Any:
+    class BatchRecorder(tf.keras.callbacks.Callback):
+        """Keeps the per-batch logs' loss: the running mean over the epoch so far."""
+
+        def on_epoch_begin(self, epoch, logs=None):
+            running_means.append([])
+
+        def on_train_batch_end(self, batch, logs=None):
+            running_means[-1].append(float(logs["loss"]))
+
+    return BatchRecorder()
+
+
+def step_losses_from_running_means(running_means: list[list[float]]) -> list[float]:
+    """Per-step losses from Keras' per-batch logs, which hold the epoch's running mean.
+
+    Step ``k`` (1-based) of an epoch: ``k·m_k − (k−1)·m_{k−1}``.
+    """
+    steps = []
+    for epoch in running_means:
+        previous = 0.0
+        for k, mean in enumerate(epoch, start=1):
+            steps.append(k * mean - previous)
+            previous = k * mean
+    return steps
+
+
+def train_fit(strategy: str = "mirrored", per_replica_batch: int = 32, epochs: int = 2,
+              steps_per_epoch: int = 20, learning_rate: float = 0.05, l2: float = 1e-4,
+              seed: int = 42, eval_steps: int = 10, logical_cpus: int = 2,
+              initial_weights: list | None = None, return_weights: bool = False,
+              verbose: int = 0) -> dict[str, Any]:
+    """Train the same model on the same data with ``model.fit``; same results as :func:`train_loop`.
+
+    ``distribute_reduction_method = "first"``: tf-keras otherwise *sums* the per-batch logs over
+    the replicas (the epoch logs are right either way).
+    """
+    tf, dist, global_batch, model = _setup(strategy, per_replica_batch, learning_rate, l2, seed,
+                                           logical_cpus, initial_weights)
+    train_data, test_data = _datasets(global_batch, seed, eval_steps)
+    model.distribute_reduction_method = "first"
+    running_means: list[list[float]] = []
+    started = time.perf_counter()
+    history = model.fit(train_data, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
+                        callbacks=[_batch_recorder(tf, running_means)])
+    train_seconds = time.perf_counter() - started
+    accuracy = None
+    if eval_steps:
+        accuracy = float(model.evaluate(test_data, verbose=0, return_dict=True)["accuracy"])
+    result = _report(strategy, dist, global_batch, mode="model.fit",
+                     step_loss=step_losses_from_running_means(running_means),
+                     epoch_loss=[float(v) for v in history.history["loss"]],
+                     eval_accuracy=accuracy, train_seconds=train_seconds)
+    if return_weights:
+        result["weights"] = model.get_weights()
+    return result
+
+
+def loop_and_fit(strategy: str = "mirrored", per_replica_batch: int = 32, epochs: int = 2,
+                 steps_per_epoch: int = 20, learning_rate: float = 0.05, l2: float = 1e-4,
+                 seed: int = 42, eval_steps: int = 10, logical_cpus: int = 2) -> dict[str, Any]:
+    """Train twice in this process, from the same initial weights on the same data: the custom
+    loop, then ``model.fit``. Returns both reports and the largest difference between their final
+    weights (weights themselves stay on the engine).
+    """
+    import numpy as np
+
+    tf, _, _, template = _setup(strategy, per_replica_batch, learning_rate, l2, seed, logical_cpus, None)
+    initial = template.get_weights()
+    options = dict(strategy=strategy, per_replica_batch=per_replica_batch, epochs=epochs,
+                   steps_per_epoch=steps_per_epoch, learning_rate=learning_rate, l2=l2, seed=seed,
+                   eval_steps=eval_steps, logical_cpus=logical_cpus, initial_weights=initial,
+                   return_weights=True)
+    loop = train_loop(**options)
+    fit = train_fit(**options)
+    loop_weights, fit_weights = loop.pop("weights"), fit.pop("weights")
+    difference = max(float(np.max(np.abs(a - b))) for a, b in zip(loop_weights, fit_weights))
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(loop_weights, initial))
+    return {"loop": loop, "fit": fit, "max_weight_difference": difference,
+            "max_weight_change": moved}
+
+
+def loop_vs_fit_figure(results: dict[str, dict[str, Any]],
+                       path: str | os.PathLike | None = None) -> "matplotlib.figure.Figure":
+    """Loss per step of the custom loop (thick line) and of ``model.fit`` (dots), one colour per
+    run of :func:`loop_and_fit` (label → result); saved to ``path`` as PNG when given."""
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for index, (label, result) in enumerate(results.items()):
+        colour = f"C{index}"
+        loop, fit = result["loop"]["step_loss"], result["fit"]["step_loss"]
+        ax.plot(range(1, len(loop) + 1), loop, color=colour, linewidth=6, alpha=0.35,
+                label=f"{label}: custom loop")
+        ax.plot(range(1, len(fit) + 1), fit, "o", color=colour, markersize=4 + 2 * index,
+                markerfacecolor="none" if index else colour, label=f"{label}: model.fit")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("Custom loop and model.fit, from the same weights on the same data")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    return fig

@@ -1,0 +1,217 @@
+"""One process, several devices: logical CPUs for MirroredStrategy, and the Keras guide's examples.
+
+TensorFlow's distributed-training guide and its Keras tutorial assume GPUs. On a CPU-only machine
+:func:`split_cpu` splits the one physical CPU into logical devices, so that ``MirroredStrategy``
+has one replica per device; the rest of this module holds the guide's small pieces (its toy
+model, its learning-rate table, its MNIST model and learning-rate decay) and a timing helper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ._tf import import_tensorflow
+from .errors import KitError
+
+#: The guide's learning rate for each *global* batch size (per-replica batch 5 × 1, 2, 4 replicas).
+LEARNING_RATES_BY_BATCH_SIZE = {5: 0.1, 10: 0.15, 20: 0.175}
+#: Cross-device reductions MirroredStrategy accepts; "default" lets the strategy choose.
+CROSS_DEVICE_OPS = ("default", "HierarchicalCopyAllReduce", "ReductionToOneDevice", "NcclAllReduce")
+#: The Keras tutorial's shuffle buffer.
+BUFFER_SIZE = 10000
+
+
+def split_cpu(n: int) -> list:
+    """Split the first physical CPU into ``n`` logical devices and return the logical CPUs.
+
+    Must run before TensorFlow initializes its runtime (any op, or listing logical devices,
+    initializes it). Calling it again with the same ``n`` is harmless; with another ``n`` after
+    initialization it raises :class:`~kit.errors.KitError` saying to restart the process.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise KitError(f"n={n!r}: the number of logical CPUs must be a whole number >= 1")
+    tf = import_tensorflow()
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current is None or len(current) != n:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+        except RuntimeError as error:
+            have = len(current) if current else 1
+            raise KitError(f"cannot split the CPU into {n} devices: TensorFlow's runtime is already "
+                           f"initialized with {have} ({error}). Fix: restart the kernel (or use a "
+                           "fresh process, e.g. kit.TFCluster(workers=1)) and split first") from None
+    return tf.config.list_logical_devices("CPU")
+
+
+def learning_rate_for(global_batch: int) -> float:
+    """The guide's learning rate for ``global_batch``; between its entries, linearly interpolated."""
+    sizes = sorted(LEARNING_RATES_BY_BATCH_SIZE)
+    if global_batch in LEARNING_RATES_BY_BATCH_SIZE:
+        return LEARNING_RATES_BY_BATCH_SIZE[global_batch]
+    return float(np.interp(global_batch, sizes, [LEARNING_RATES_BY_BATCH_SIZE[s] for s in sizes]))
+
+
+def build_toy_model(learning_rate: float = 0.1):
+    """The guide's smallest Keras model: one Dense unit with L2, SGD, mean squared error.
+
+    Build it inside ``strategy.scope()``.
+    """
+    tf = import_tensorflow()
+    model = tf.keras.Sequential([
+        tf.keras.Input(shape=(1,)),
+        tf.keras.layers.Dense(1, kernel_regularizer=tf.keras.regularizers.L2(1e-4)),
+    ])
+    model.compile(loss="mse", optimizer=tf.keras.optimizers.SGD(learning_rate=learning_rate))
+    return model
+
+
+def build_guide_cnn(learning_rate: float = 0.001):
+    """The Keras distributed tutorial's MNIST model: Conv2D, MaxPooling2D, Dense(64), Dense(10), Adam.
+
+    Build it inside ``strategy.scope()``. Inputs are (28, 28, 1) floats in [0, 1].
+    """
+    tf = import_tensorflow()
+    model = tf.keras.Sequential([
+        tf.keras.Input(shape=(28, 28, 1)),
+        tf.keras.layers.Conv2D(32, 3, activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(64, activation="relu"),
+        tf.keras.layers.Dense(10),
+    ])
+    model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  optimizer=tf.keras.optimizers.Adam(learning_rate=learning_rate),
+                  metrics=["accuracy"])
+    return model
+
+
+def guide_decay(epoch: int) -> float:
+    """The tutorial's learning-rate schedule: 1e-3 for epochs 0-2, 1e-4 for 3-6, 1e-5 after."""
+    if epoch < 3:
+        return 1e-3
+    if epoch < 7:
+        return 1e-4
+    return 1e-5
+
+
+def guide_mnist_arrays(train_examples: int = 60000, test_examples: int = 10000):
+    """``((x_train, y_train), (x_test, y_test))``: the first examples, float32 (N, 28, 28, 1) in [0, 1]."""
+    from .data import load_mnist
+
+    (x_train, y_train), (x_test, y_test) = load_mnist()
+    scale = (lambda x: (x.astype(np.float32) / 255.0)[..., None])
+    return ((scale(x_train[:train_examples]), y_train[:train_examples].astype(np.int64)),
+            (scale(x_test[:test_examples]), y_test[:test_examples].astype(np.int64)))
+
+
+def guide_mnist_datasets(global_batch: int, train_examples: int = 60000, test_examples: int = 10000,
+                         seed: int | None = None):
+    """The tutorial's pipelines: train ``cache().shuffle(BUFFER_SIZE).batch(global_batch)``, eval batched."""
+    tf = import_tensorflow()
+    (x_train, y_train), (x_test, y_test) = guide_mnist_arrays(train_examples, test_examples)
+    train = tf.data.Dataset.from_tensor_slices((x_train, y_train)).cache()
+    train = train.shuffle(BUFFER_SIZE, seed=seed).batch(global_batch)
+    test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(global_batch)
+    return train, test
+
+
+def make_cross_device_ops(name: str):
+    """The ``cross_device_ops`` object for a name of :data:`CROSS_DEVICE_OPS` (None for "default")."""
+    tf = import_tensorflow()
+    factories: dict[str, Callable[[], Any]] = {
+        "default": lambda: None,
+        "HierarchicalCopyAllReduce": tf.distribute.HierarchicalCopyAllReduce,
+        "ReductionToOneDevice": tf.distribute.ReductionToOneDevice,
+        "NcclAllReduce": tf.distribute.NcclAllReduce,
+    }
+    if name not in factories:
+        raise KitError(f"cross_device_ops={name!r} is unknown; use one of {', '.join(CROSS_DEVICE_OPS)}")
+    return factories[name]()
+
+
+class _Capture(logging.Handler):
+    def __init__(self, messages: list[str]):
+        super().__init__(logging.INFO)
+        self.messages = messages
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def captured_tf_log() -> Iterator[list[str]]:
+    """Collect TensorFlow's Python log messages (INFO and up) instead of printing them.
+
+    Yields the list the messages are appended to; the logger's level and handlers are restored
+    afterwards. The strategies log how they reduce when a step function is traced.
+    """
+    logger = import_tensorflow().get_logger()
+    messages: list[str] = []
+    saved = (logger.level, logger.handlers[:], logger.propagate)
+    logger.handlers[:] = [_Capture(messages)]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield messages
+    finally:
+        logger.setLevel(saved[0])
+        logger.handlers[:] = saved[1]
+        logger.propagate = saved[2]
+
+
+_REDUCTION_PATTERNS = (
+    (re.compile(r"Collective all_reduce tensors:.*implementation = CommunicationImplementation\.(\w+)"),
+     "collective all-reduce, {}"),
+    (re.compile(r"batch_all_reduce: .* algorithm = (\w+)"), "batch all-reduce, {}"),
+    (re.compile(r"Reduce to (\S+) then broadcast"), "reduce to {}, then broadcast"),
+)
+
+
+def reduction_summary(messages: list[str]) -> str:
+    """How the gradients were reduced, read from TensorFlow's log messages ("" if nothing says).
+
+    A collective all-reduce or a batch all-reduce names the method; "reduce to one device, then
+    broadcast" only counts when neither appears (the strategies also log it for small values).
+    """
+    for pattern, template in _REDUCTION_PATTERNS:
+        for message in messages:
+            match = pattern.search(message)
+            if match:
+                return template.format(match.group(1).rsplit("/", 1)[-1])
+    return ""
+
+
+def time_training(strategy, steps: int, per_replica_batch: int = 64, seed: int = 42,
+                  learning_rate: float = 0.001) -> dict[str, Any]:
+    """Fit the kit's CNN for ``steps`` steps under ``strategy``; return losses and step times.
+
+    The global batch is ``per_replica_batch × strategy.num_replicas_in_sync``. ``step_seconds``
+    leaves out the first step (it traces the function). Errors (e.g. NcclAllReduce without GPUs)
+    propagate to the caller.
+    """
+    tf = import_tensorflow()
+    from . import data, models
+    from .probes import probe_callback
+
+    tf.keras.utils.set_random_seed(seed)
+    global_batch = per_replica_batch * strategy.num_replicas_in_sync
+    dataset = data.mnist_dataset(global_batch, shuffle_seed=seed)
+    with strategy.scope():
+        model = models.build_and_compile_cnn_model(learning_rate=learning_rate)
+    probe = probe_callback()
+    started = time.perf_counter()
+    history = model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[probe])
+    return {
+        "global_batch": global_batch,
+        "loss": float(history.history["loss"][-1]),
+        "step_seconds": probe.record["step_seconds"][1:],
+        "wall_seconds": time.perf_counter() - started,
+    }

@@ -1,0 +1,80 @@
+"""The Keras compatibility table: its helpers, the committed docs file, and a re-measurement of its
+MultiWorkerMirroredStrategy rows (the ones the kit's tf-keras default follows from)."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from kit import compat
+from kit.errors import KitError
+
+
+def test_first_line_of_a_traced_error_is_the_real_error():
+    traced = AttributeError("in user code:\n\n    File \"x.py\", line 3, in step  *\n        y = v.read_value()\n\n"
+                            "    AttributeError: 'Variable' object has no attribute 'read_value'\n")
+    assert compat.first_line(traced) == "AttributeError: 'Variable' object has no attribute 'read_value'"
+    assert compat.first_line(ValueError("Attempt to convert a value (PerReplica:{\n  0: <tf.Tensor>})")) == \
+        "ValueError: Attempt to convert a value (PerReplica:{"
+    assert len(compat.first_line(RuntimeError("x" * 500))) == 140
+
+
+def test_cells_round_trip_through_markdown():
+    outcomes = [compat.Outcome("tf-keras", s, m, True) for s in compat.STRATEGIES for m in compat.MODES]
+    outcomes += [compat.Outcome("keras3", s, m, s != "parameter_server", "" if s != "parameter_server"
+                                else "ValueError: a | b `c`") for s in compat.STRATEGIES for m in compat.MODES]
+    text = compat.to_markdown(outcomes, steps=2, when=datetime.date(2025, 1, 2))
+    cells = compat.parse_markdown(text)
+    assert len(cells) == 16 and "2025-01-02" in text and "--steps 2" in text
+    for outcome in outcomes:
+        assert compat.matches(outcome, cells[outcome.key]), (outcome, cells[outcome.key])
+    ok = compat.Outcome("keras3", "default", "fit", True)
+    assert not compat.matches(ok, "fails: `ValueError: x`")
+    assert not compat.matches(compat.Outcome("keras3", "default", "fit", False, "TypeError: y"), "ok")
+
+
+def test_unknown_choices_are_refused():
+    with pytest.raises(KitError, match="tf-keras, keras3"):
+        compat.run_combination("keras2", "default", "fit")
+    with pytest.raises(KitError, match="custom_loop"):
+        list(compat.run_all(modes=["loop"]))
+
+
+def committed_table() -> tuple[str, dict]:
+    text = compat.DOCS_TABLE.read_text()
+    return text, compat.parse_markdown(text)
+
+
+def test_committed_table_is_complete_and_for_the_installed_versions():
+    text, cells = committed_table()
+    assert set(cells) == {(k, s, m) for k in compat.KERAS for s in compat.STRATEGIES for m in compat.MODES}
+    assert all(cells[("tf-keras", s, m)] == "ok" for s in compat.STRATEGIES for m in compat.MODES)
+    versions = compat.versions()
+    for name in ("tensorflow", "tf-keras", "keras"):
+        assert f"{name} {versions[name]}" in text, f"regenerate the table: {name} is now {versions[name]}"
+
+
+#: What the MultiWorkerMirroredStrategy rows measure (keras-team/keras#20585 for Keras 3's fit).
+EXPECTED = {
+    ("tf-keras", "fit"): "ok",
+    ("tf-keras", "custom_loop"): "ok",
+    ("keras3", "fit"): "ValueError: Attempt to convert a value (PerReplica:{",
+    ("keras3", "custom_loop"): "ok",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keras", compat.KERAS)
+def test_multi_worker_mirrored_rows_measure_what_the_table_says(keras, make_cluster):
+    cluster = make_cluster(**compat.TOPOLOGIES["multi_worker_mirrored"], keras=keras)
+    assert {t.keras for t in cluster.tasks} == {keras}
+    _, cells = committed_table()
+    for mode in compat.MODES:  # one cluster: the custom loop first, then fit, as the table was made
+        outcome = compat.run_on_cluster(cluster, "multi_worker_mirrored", mode, steps=2)
+        expected = EXPECTED[(keras, mode)]
+        if expected == "ok":
+            assert outcome.ok, outcome.error
+        else:
+            assert not outcome.ok and outcome.error.startswith(expected), outcome.error
+        assert compat.matches(outcome, cells[outcome.key]), (outcome, cells[outcome.key])

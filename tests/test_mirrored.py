@@ -1,0 +1,95 @@
+"""kit.mirrored and kit.probes: the guide's tables, log reading, logical CPUs, the measuring callback."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from kit import mirrored, probes
+from kit._tf import import_tensorflow
+from kit.errors import KitError
+
+
+def test_learning_rate_table_and_interpolation():
+    assert mirrored.learning_rate_for(10) == 0.15
+    assert mirrored.learning_rate_for(15) == pytest.approx(0.1625)
+    assert mirrored.learning_rate_for(40) == 0.175  # clamped beyond the table
+
+
+def test_guide_decay_schedule():
+    assert [mirrored.guide_decay(e) for e in (0, 2, 3, 6, 7)] == [1e-3, 1e-3, 1e-4, 1e-4, 1e-5]
+
+
+def test_reduction_summary_prefers_the_gradient_reduction():
+    ring = "Collective all_reduce tensors: 6 all_reduces, num_devices = 2, group_size = 2, " \
+           "implementation = CommunicationImplementation.RING, num_packs = 1"
+    one = "Reduce to /job:localhost/replica:0/task:0/device:CPU:0 then broadcast to ('x',)."
+    assert mirrored.reduction_summary([one, ring]) == "collective all-reduce, RING"
+    assert mirrored.reduction_summary(["batch_all_reduce: 6 all-reduces with algorithm = hierarchical_copy, "
+                                       "num_packs = 1"]) == "batch all-reduce, hierarchical_copy"
+    assert mirrored.reduction_summary([one]) == "reduce to device:CPU:0, then broadcast"
+    assert mirrored.reduction_summary(["nothing"]) == ""
+
+
+def test_captured_tf_log_collects_and_restores_the_logger():
+    logger = import_tensorflow().get_logger()
+    level, handlers = logger.level, list(logger.handlers)
+    with mirrored.captured_tf_log() as log:
+        logger.info("hello %s", "there")
+    assert log == ["hello there"]
+    assert logger.level == level and logger.handlers == handlers
+
+
+def test_cross_device_ops_names():
+    assert mirrored.make_cross_device_ops("default") is None
+    assert type(mirrored.make_cross_device_ops("ReductionToOneDevice")).__name__ == "ReductionToOneDevice"
+    with pytest.raises(KitError, match="NcclAllReduce"):
+        mirrored.make_cross_device_ops("Nccl")
+
+
+def test_guide_models_and_arrays_have_the_tutorials_shapes():
+    cnn = mirrored.build_guide_cnn()
+    assert [type(layer).__name__ for layer in cnn.layers] == ["Conv2D", "MaxPooling2D", "Flatten", "Dense", "Dense"]
+    (x_train, y_train), (x_test, _) = mirrored.guide_mnist_arrays(5, 3)
+    assert x_train.shape == (5, 28, 28, 1) and x_train.dtype == np.float32 and x_train.max() <= 1.0
+    assert cnn(x_test).shape == (3, 10) and y_train.dtype == np.int64
+    assert mirrored.build_toy_model(0.2).optimizer.learning_rate.numpy() == pytest.approx(0.2)
+
+
+def test_split_cpu_in_a_fresh_process():
+    code = textwrap.dedent("""
+        from kit import mirrored
+        from kit._tf import import_tensorflow
+        from kit.errors import KitError
+        tf = import_tensorflow()
+        devices = mirrored.split_cpu(3)
+        assert len(devices) == 3, devices
+        assert len(mirrored.split_cpu(3)) == 3          # same split again: harmless
+        assert tf.distribute.MirroredStrategy().num_replicas_in_sync == 3
+        try:
+            mirrored.split_cpu(2)
+        except KitError as error:
+            assert "restart the kernel" in str(error)
+        else:
+            raise AssertionError("a new split after start-up was accepted")
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_probe_records_hooks_steps_rate_and_files(tmp_path):
+    (tmp_path / "a.txt").write_text("x")
+    model = mirrored.build_toy_model(0.05)
+    probe = probes.probe_callback(watch={"dir": tmp_path})
+    model.fit(np.ones((12, 1)), np.ones((12, 1)), batch_size=4, epochs=2, verbose=0, callbacks=[probe])
+    record = probe.record
+    assert record["hooks"] == {"on_train_begin": 1, "on_epoch_begin": 2, "on_train_batch_end": 6,
+                               "on_epoch_end": 2, "on_train_end": 1}
+    assert record["steps_per_epoch"] == [3, 3] and len(record["step_seconds"]) == 6
+    assert record["learning_rate"] == pytest.approx([0.05, 0.05])
+    assert record["files"] == [{"dir": ["a.txt"]}] * 2
+    assert probes.files_under(tmp_path / "missing") == []
+    assert isinstance(probes.tensorboard_installed(), bool)

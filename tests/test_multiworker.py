@@ -1,0 +1,55 @@
+"""kit.multiworker: the deadline helper, error text, and (slow) the training function on two workers."""
+
+import os
+import time
+
+import pytest
+
+from kit import multiworker
+
+
+def test_call_with_deadline_returns_the_value():
+    outcome = multiworker.call_with_deadline(lambda a, b: a + b, 5, 2, b=3)
+    assert outcome["finished"] and outcome["value"] == 5 and outcome["error"] is None
+
+
+def test_call_with_deadline_gives_up_on_a_blocked_call():
+    started = time.perf_counter()
+    outcome = multiworker.call_with_deadline(time.sleep, 0.2, 5)
+    assert not outcome["finished"] and outcome["value"] is None
+    assert 0.15 < time.perf_counter() - started < 2
+
+
+def test_call_with_deadline_reports_an_error():
+    def boom():
+        raise ValueError("broken\nsecond line")
+
+    outcome = multiworker.call_with_deadline(boom, 5)
+    assert outcome["finished"] and outcome["error"] == "ValueError: broken"
+
+
+def test_error_text_drops_tensorflows_function_prefix():
+    class FakeOpError(Exception):
+        message = "{{function_node __wrapped__X_device_/job:worker}} Could not apply FILE based sharding\nmore"
+
+    assert multiworker.error_text(FakeOpError()) == "FakeOpError: Could not apply FILE based sharding"
+
+
+def test_unknown_communication_is_refused():
+    with pytest.raises(ValueError, match="AUTO, RING, NCCL"):
+        multiworker.make_strategy("GLOO")
+
+
+@pytest.mark.slow
+def test_chief_writes_for_real_and_the_other_worker_in_a_temporary_directory(make_cluster, tmp_path):
+    cluster = make_cluster(workers=2)
+    results = cluster.run(multiworker.train_with_callbacks, str(tmp_path), epochs=1, steps_per_epoch=2,
+                          tensorboard=False, verbose=0, stream=False)
+    chief, other = results
+    assert chief["chief"] and not other["chief"]
+    assert chief["modelcheckpoint_wrote_to"] == "ckpt/ckpt_1"
+    assert other["modelcheckpoint_wrote_to"] == "ckpt/workertemp_1/ckpt_1"
+    assert chief["saved"]["kept"] and not other["saved"]["kept"]
+    assert chief["restored_vs_trained"] == other["restored_vs_trained"] == 0.0
+    assert chief["loss"] == pytest.approx(other["loss"], rel=1e-6)
+    assert not [f for _, dirs, _ in os.walk(tmp_path) for f in dirs if f.startswith("workertemp")]

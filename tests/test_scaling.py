@@ -1,0 +1,118 @@
+"""kit.scaling: learning-rate rules, warmup, trial plans, loss curves and scaling efficiency."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kit import scaling
+from kit.errors import OptionError
+
+
+@pytest.mark.parametrize("rule, k, expected", [("none", 8, 0.1), ("linear", 8, 0.8), ("sqrt", 4, 0.2),
+                                               ("linear", 0.5, 0.05), ("sqrt", 1, 0.1)])
+def test_scaled_learning_rate(rule, k, expected):
+    assert scaling.scaled_learning_rate(0.1, k, rule) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("args, field", [((0.1, 2, "cubic"), "lr_rule"), ((0, 2, "linear"), "base_lr"),
+                                         ((0.1, -1, "linear"), "k"), ((float("nan"), 2, "none"), "base_lr")])
+def test_bad_scaling_arguments_name_the_field(args, field):
+    with pytest.raises(OptionError) as info:
+        scaling.scaled_learning_rate(*args)
+    assert info.value.field == field and "Fix:" in str(info.value)
+
+
+def test_scale_factor():
+    assert scaling.scale_factor(512, 64) == 8
+    with pytest.raises(OptionError, match="global_batch"):
+        scaling.scale_factor(0, 64)
+
+
+def test_warmup_ramps_linearly_then_holds():
+    rates = [scaling.warmup_learning_rate(s, 0.8, 4, 0.1) for s in range(7)]
+    assert rates == pytest.approx([0.1, 0.275, 0.45, 0.625, 0.8, 0.8, 0.8])
+    assert scaling.warmup_learning_rate(0, 0.8, 0) == 0.8  # no warmup
+
+
+def test_warmup_schedule_matches_the_pure_function():
+    schedule = scaling.warmup_schedule(0.8, 4, 0.1)
+    got = [float(schedule(s)) for s in range(7)]
+    assert got == pytest.approx([scaling.warmup_learning_rate(s, 0.8, 4, 0.1) for s in range(7)], rel=1e-6)
+    assert schedule.get_config() == {"target_lr": 0.8, "warmup_steps": 4, "warmup_from": 0.1}
+
+
+def test_plan_spends_the_example_budget():
+    trial = scaling.plan(2, 256, "linear", base_lr=0.05, base_batch=64, examples=8192, warmup=True)
+    assert (trial.global_batch, trial.k, trial.learning_rate) == (512, 8.0, pytest.approx(0.4))
+    assert (trial.epochs, trial.steps_per_epoch, trial.steps, trial.examples) == (2, 8, 16, 8192)
+    assert (trial.warmup_steps, trial.warmup_from) == (4, 0.05)
+    assert trial.train_kwargs() == {"per_worker_batch": 256, "epochs": 2, "steps_per_epoch": 8,
+                                     "learning_rate": pytest.approx(0.4), "warmup_steps": 4, "warmup_from": 0.05}
+    assert scaling.plan(1, 64, "none", base_lr=0.05, base_batch=64, examples=8192).warmup_steps == 0
+
+
+def test_plan_refuses_budgets_and_options_that_make_no_run():
+    with pytest.raises(OptionError, match="raise examples to at least 4096") as info:
+        scaling.plan(2, 512, "none", base_lr=0.1, base_batch=64, examples=1024)
+    assert info.value.field == "examples"
+    with pytest.raises(OptionError) as info:
+        scaling.plan(2, 64, "none", base_lr=0.1, base_batch=64, examples=8192, warmup="yes")
+    assert info.value.field == "warmup"
+    with pytest.raises(OptionError) as info:
+        scaling.plan(0, 64, "none", base_lr=0.1, base_batch=64, examples=8192)
+    assert info.value.field == "workers"
+
+
+def test_schedule_key_tells_identical_training_apart():
+    def key(rule, pwb=64, warmup=False):
+        return scaling.plan(1, pwb, rule, base_lr=0.05, base_batch=64, examples=8192, warmup=warmup).schedule_key()
+
+    assert key("none") == key("linear") == key("sqrt") == key("linear", warmup=True)  # k = 1: one run
+    assert len({key("none", 128), key("linear", 128), key("linear", 128, warmup=True)}) == 3
+
+
+def test_per_step_losses_undo_the_running_mean_per_epoch():
+    own = [2.0, 1.0, 3.0, 0.5, 0.25, 0.75]  # two epochs of three steps
+    running = []
+    for start in (0, 3):
+        running += [float(np.mean(own[start:start + i + 1])) for i in range(3)]
+    assert scaling.per_step_losses(running, 3) == pytest.approx(own)
+
+
+def test_smooth_is_a_trailing_mean_that_keeps_nan():
+    assert scaling.smooth([1, 3, 5, 7], 2) == [1.0, 2.0, 4.0, 6.0]
+    out = scaling.smooth([1, float("nan"), 3, 5], 2)
+    assert out[0] == 1.0 and math.isnan(out[1]) and math.isnan(out[2]) and out[3] == 4.0
+
+
+def test_scaling_efficiency_from_a_table():
+    table = pd.DataFrame([
+        {"workers": 1, "per_worker_batch": 64, "examples_per_second": 1000.0, "status": "ok"},
+        {"workers": 1, "per_worker_batch": 64, "examples_per_second": 1200.0, "status": "ok"},
+        {"workers": 1, "per_worker_batch": 64, "examples_per_second": 1100.0, "status": "ok"},
+        {"workers": 2, "per_worker_batch": 64, "examples_per_second": 1100.0, "status": "ok"},
+        {"workers": 2, "per_worker_batch": 64, "examples_per_second": 99999.0, "status": "failed"},
+        {"workers": 2, "per_worker_batch": 256, "examples_per_second": 3000.0, "status": "ok"},
+    ])
+    speed = scaling.scaling_efficiency(table)
+    assert speed[["per_worker_batch", "workers"]].values.tolist() == [[64, 1], [64, 2], [256, 2]]
+    assert speed["examples_per_second"].tolist() == [1100.0, 1100.0, 3000.0]  # median; failed run ignored
+    assert speed["efficiency"].tolist()[:2] == [1.0, 0.5]
+    assert math.isnan(speed["efficiency"].tolist()[2])  # no one-worker run at 256
+    with pytest.raises(OptionError, match="examples_per_second"):
+        scaling.scaling_efficiency(table.drop(columns="examples_per_second"))
+
+
+def test_train_mnist_with_warmup_and_evaluation_in_process():
+    from kit.training import train_mnist
+
+    plain = train_mnist(per_worker_batch=32, epochs=1, steps_per_epoch=3, strategy="default", verbose=0)
+    assert "test_accuracy" not in plain  # the defaults return what they always returned
+    result = train_mnist(per_worker_batch=32, epochs=2, steps_per_epoch=3, learning_rate=0.1,
+                         strategy="default", verbose=0, warmup_steps=4, warmup_from=0.01, eval_examples=100)
+    assert 0.0 <= result["test_accuracy"] <= 1.0 and math.isfinite(result["test_loss"])
+    assert len(result["step_loss"]) == 6
