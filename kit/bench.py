@@ -120,16 +120,18 @@ def recovery_time(seed: int) -> float:
 
 
 def notebook_times(notebooks: list[Path]) -> dict[str, float]:
-    """Wall time of each notebook at its default parameters (papermill, into a temporary folder)."""
-    import papermill
+    """Wall time of each notebook at its default parameters, run as nbval runs it (nbclient, which
+    lets cells tagged ``raises-exception`` raise), in a temporary folder."""
+    import nbformat
+    from nbclient import NotebookClient
 
     times = {}
     with tempfile.TemporaryDirectory(prefix="kit-bench-nb-") as out:
-        for nb in notebooks:
+        for nb_path in notebooks:
+            notebook = nbformat.read(nb_path, as_version=4)
             start = time.perf_counter()
-            papermill.execute_notebook(str(nb), str(Path(out) / nb.name), cwd=out, kernel_name="python3",
-                                       progress_bar=False)
-            times[nb.stem] = time.perf_counter() - start
+            NotebookClient(notebook, kernel_name="python3", resources={"metadata": {"path": out}}).execute()
+            times[nb_path.stem] = time.perf_counter() - start
     return times
 
 
@@ -139,8 +141,10 @@ def median_of(repeats: int, fn: Callable[[], float]) -> tuple[float, list[float]
 
 
 def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int = 2, steps: int = 30,
-        notebooks: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every figure of the benchmark; see the module docstring."""
+        notebooks: bool = True, log: Callable[[str], None] = print,
+        save: Callable[[dict], None] = lambda report: None) -> dict[str, Any]:
+    """Every figure of the benchmark; see the module docstring. ``save(report)`` is called after each
+    section, so that a failure later on keeps what was measured."""
     from .cluster import _usable_cores
 
     report: dict[str, Any] = {"machine": {"cores": _usable_cores(), "python": sys.version.split()[0]},
@@ -167,12 +171,15 @@ def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int
                                 "pss_total_mb": statistics.median(m["pss_total_mb"] for m in memory),
                                 "measured_at": "2 workers training, 64 per worker; PSS of this "
                                                "process (the 'kernel') plus both workers"}
-    report["throughput"] = efficiency
+        report["throughput"] = efficiency
+        save(report)
     report["ready_s"], report["ready_samples"] = median_of(repeats, time_to_ready)
     log(f"ready: {report['ready_s']:.1f}s")
+    save(report)
     counter = iter(range(repeats))
     report["recovery_s"], report["recovery_samples"] = median_of(repeats, lambda: recovery_time(next(counter)))
     log(f"recovery: {report['recovery_s']:.1f}s")
+    save(report)
     if notebooks:
         from .cli import NOTEBOOKS
 
@@ -233,10 +240,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    report = run(repeats=args.repeats, batches=tuple(args.batches), steps=args.steps, notebooks=args.notebooks)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(report, indent=1, default=str))
+
+    def save(report: dict) -> None:
+        (out / "bench.json").write_text(json.dumps(report, indent=1, default=str))
+
+    report = run(repeats=args.repeats, batches=tuple(args.batches), steps=args.steps,
+                 notebooks=args.notebooks, save=save)
+    save(report)
     print(format_report(report))
     print(f"\nwritten: {out / 'bench.json'}")
     return 0

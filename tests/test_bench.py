@@ -1,0 +1,36 @@
+"""kit.bench's bookkeeping: goals judged from a report, and the printed table (no timing here)."""
+
+from kit.bench import check_goals, format_report
+
+
+def report():
+    return {"throughput": {64: {"examples_per_second": {"tf-keras single": 6000.0, "keras3 single": 5800.0,
+                                                         "2 workers": 1800.0}, "efficiency": 0.3},
+                           512: {"examples_per_second": {"tf-keras single": 7000.0, "keras3 single": 8000.0,
+                                                          "2 workers": 7600.0}, "efficiency": 0.95}},
+            "ready_s": 7.0, "recovery_s": 31.0,
+            "memory": {"uss_worker_mb": 450.0, "pss_total_mb": 2100.0},
+            "notebooks_s": {"00-a": 30.0, "01-b": 119.0}}
+
+
+def test_goals_are_judged_against_their_targets():
+    goals = check_goals(report())
+    assert goals["efficiency_512"]["met"] and not goals["efficiency_64"]["met"]
+    assert goals["ready_s"]["met"] and not goals["recovery_s"]["met"]
+    assert goals["uss_worker_mb"]["met"] and not goals["pss_total_mb"]["met"]
+    assert goals["notebook_max_s"] == {"value": 119.0, "target": "<= 120", "met": True}
+
+
+def test_goals_read_json_keys_too():
+    loaded = report()
+    loaded["throughput"] = {str(k): v for k, v in loaded["throughput"].items()}  # as read back from JSON
+    assert check_goals(loaded)["efficiency_64"]["value"] == 0.3
+
+
+def test_missing_figures_are_left_out_not_invented():
+    assert check_goals({"ready_s": 12.0}) == {"ready_s": {"value": 12.0, "target": "<= 10", "met": False}}
+
+
+def test_table_lists_each_batch_and_goal():
+    text = format_report({**report(), "goals": check_goals(report())})
+    assert "6000" in text and "0.95" in text and "NOT met" in text and "notebook 01-b" in text
