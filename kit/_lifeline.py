@@ -70,16 +70,12 @@ def start(value: str | None = None) -> threading.Event:
     if watched:
         _start_thread(watched, stop)
         os.register_at_fork(after_in_child=lambda: _start_thread(
-            [*watched, _parse_one(token(os.getppid()))], threading.Event()))
+            [*watched, *parse(token(os.getppid()))], threading.Event()))
     return stop
 
 
 def _start_thread(watched: list[tuple[int, float]], stop: threading.Event) -> None:
     threading.Thread(target=_watch, args=(watched, stop), name="kit-lifeline", daemon=True).start()
-
-
-def _parse_one(item: str) -> tuple[int, float]:
-    return parse(item)[0]
 
 
 def main(argv: list[str]) -> None:

@@ -8,6 +8,7 @@ single process, ...) so that a slow spell of the machine hits all variants alike
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -74,14 +75,9 @@ def throughput(workers: int, keras: str, per_worker_batch: int, epochs: int, ste
     with TFCluster(workers=workers, keras=keras) as cluster:
         pids = [t.pid for t in cluster.tasks]
         sampler = MemorySampler(pids, os.getpid()) if memory else None
-        if sampler:
-            sampler.__enter__()
-        try:
+        with sampler or contextlib.nullcontext():
             results = cluster.run(train_mnist, per_worker_batch=batch, epochs=epochs, steps_per_epoch=steps,
                                   strategy=strategy, verbose=0, stream=False)
-        finally:
-            if sampler:
-                sampler.__exit__()
     row = {"examples_per_second": results[0]["examples_per_second"], "keras": results[0]["keras"]}
     if sampler:
         row["uss_worker_mb"] = max(sampler.peak_uss.values()) / 2**20

@@ -151,16 +151,22 @@ def start_ps_servers(cluster):
     cluster.run(ps.start_server, tasks=PS_SERVERS, stream=False)
 
 
+def run_ps_and_kill(make_cluster, run_dir, victim_task):
+    """40 scheduled steps on chief + 2 workers + 1 ps; ``victim_task`` is SIGKILLed after step 15."""
+    cluster = make_cluster(chief=True, workers=2, ps=1)
+    start_ps_servers(cluster)
+    victim = {t.name: t.pid for t in cluster.tasks}[victim_task]
+    (result,) = cluster.run(resilience.train_parameter_server, str(run_dir), steps=40, checkpoint_every=10,
+                            kill_pid=victim, kill_after_step=15, tasks=["chief:0"], max_failures=1,
+                            on_restart=start_ps_servers)
+    return cluster, victim, result
+
+
 @pytest.mark.slow
 def test_ps_a_lost_worker_s_functions_are_rescheduled(make_cluster, tmp_path):
     import psutil
 
-    cluster = make_cluster(chief=True, workers=2, ps=1)
-    start_ps_servers(cluster)
-    victim = {t.name: t.pid for t in cluster.tasks}["worker:1"]
-    (result,) = cluster.run(resilience.train_parameter_server, str(tmp_path), steps=40, checkpoint_every=10,
-                            kill_pid=victim, kill_after_step=15, tasks=["chief:0"], max_failures=1,
-                            on_restart=start_ps_servers)
+    cluster, victim, result = run_ps_and_kill(make_cluster, tmp_path, "worker:1")
     assert not cluster.failures  # the coordinator coped; nothing was restarted
     assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == psutil.STATUS_ZOMBIE
     assert result["model_version"] == result["scheduled"] == 40  # every function ran exactly once
@@ -169,12 +175,7 @@ def test_ps_a_lost_worker_s_functions_are_rescheduled(make_cluster, tmp_path):
 
 @pytest.mark.slow
 def test_ps_a_lost_parameter_server_restarts_the_run_from_the_checkpoint(make_cluster, tmp_path):
-    cluster = make_cluster(chief=True, workers=2, ps=1)
-    start_ps_servers(cluster)
-    victim = {t.name: t.pid for t in cluster.tasks}["ps:0"]
-    (result,) = cluster.run(resilience.train_parameter_server, str(tmp_path), steps=40, checkpoint_every=10,
-                            kill_pid=victim, kill_after_step=15, tasks=["chief:0"], max_failures=1,
-                            on_restart=start_ps_servers)
+    cluster, _, result = run_ps_and_kill(make_cluster, tmp_path, "ps:0")
     (failure,) = cluster.failures
     assert failure.task == "chief:0" and ("Unavailable" in failure.error or "Aborted" in failure.error)
     assert result["attempt"] == 2 and result["first_step"] == 10  # the last checkpoint before the kill
