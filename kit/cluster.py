@@ -491,14 +491,14 @@ class TFCluster:
     def _task_environment(self, name: str, cores: int | None = None, tasks_here: int | None = None) -> dict[str, str]:
         threads = self.options.threads or max(1, (cores or _usable_cores()) // (tasks_here or len(self.task_names)))
         return {
-            **self.options.env,
-            "KIT_TASK": name,
-            "TF_CONFIG": tfconfig.dumps(self._tf_configs[name]),
-            "TF_USE_LEGACY_KERAS": KERAS_CHOICES[self.options.keras],
             "TF_NUM_INTRAOP_THREADS": str(threads),
             # at least 2: with one inter-op thread, ParameterServerStrategy steps hang forever
             "TF_NUM_INTEROP_THREADS": str(max(2, threads)),
             "OMP_NUM_THREADS": str(threads),
+            **self.options.env,  # the user's word wins, except for what makes the task a task
+            "KIT_TASK": name,
+            "TF_CONFIG": tfconfig.dumps(self._tf_configs[name]),
+            "TF_USE_LEGACY_KERAS": KERAS_CHOICES[self.options.keras],
         }
 
     def _wait_for_reports(self, names: list[str]) -> dict[str, dict]:

@@ -49,7 +49,8 @@ def _step_logger(tf, records: dict[str, list], summed_over: int):
 def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: int = 70,
                 learning_rate: float = 0.001, strategy: str = "multi_worker_mirrored",
                 seed: int = 42, verbose: int = 2, *, warmup_steps: int = 0, warmup_from: float = 0.0,
-                eval_examples: int = 0) -> dict[str, Any]:
+                eval_examples: int = 0, gradient_compression: str = "none",
+                steps_per_execution: int = 1) -> dict[str, Any]:
     """The seeds' example on this task: build the CNN in ``strategy.scope()`` and ``fit`` MNIST.
 
     The global batch is ``per_worker_batch × workers``. Returns the task's view of the run: losses
@@ -59,6 +60,10 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
     Optional (kit.scaling, notebook 08): ``warmup_steps > 0`` ramps the learning rate linearly from
     ``warmup_from`` to ``learning_rate`` over the first steps (gradual warmup); ``eval_examples > 0``
     also evaluates on that many MNIST test examples and adds ``test_loss`` and ``test_accuracy``.
+
+    Speed (kit.bench, docs/performance.md): ``gradient_compression="fp16"`` sums gradients across
+    workers in float16; ``steps_per_execution=k`` runs k steps per call into TensorFlow, and then
+    ``step_loss`` has one entry per k steps.
     """
     tf = import_tensorflow()
     from . import data, models
@@ -75,7 +80,9 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
 
         rate = warmup_schedule(learning_rate, warmup_steps, warmup_from)
     with dist.scope():
-        model = models.build_and_compile_cnn_model(learning_rate=rate)
+        model = models.build_and_compile_cnn_model(learning_rate=rate,
+                                                   gradient_compression=gradient_compression,
+                                                   steps_per_execution=steps_per_execution)
     records: dict[str, list] = {"step_loss": [], "epoch_seconds": []}
     summed_over = workers if isinstance(dist, tf.distribute.MultiWorkerMirroredStrategy) else 1
     history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,

@@ -302,6 +302,46 @@ def test_two_workers_train_in_lockstep(make_cluster):
     # the last step's running mean is the epoch's loss (tf-keras sums per-batch logs over workers)
     np.testing.assert_allclose(results[0]["step_loss"][4::5], results[0]["loss"], rtol=1e-4)
 
+    # the tuned configuration (kit.bench.TUNED): float16 all-reduce, several steps per call
+    tuned = cluster.run(train_mnist, per_worker_batch=32, epochs=2, steps_per_epoch=5, verbose=0,
+                        gradient_compression="fp16", steps_per_execution=5)
+    np.testing.assert_allclose(tuned[0]["loss"], tuned[1]["loss"], rtol=1e-5)  # still in lockstep
+    np.testing.assert_allclose(tuned[0]["loss"], results[0]["loss"], rtol=1e-3)  # float16 sums, close
+    assert len(tuned[0]["step_loss"]) == 2  # one entry per execution of 5 steps
+
+    def _aggregate_in_half_precision():
+        """Each worker's gradients go through HalfPrecisionAllReduce.aggregate_gradients: [task+1, 1+2^-12]
+        sums to [3, 2] in float16 (2^-12 is below float16's resolution at 1), [3, 2.00049] in float32."""
+        import os
+
+        from kit._tf import import_tensorflow
+        from kit.models import half_precision_allreduce
+
+        tf = import_tensorflow()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        task = int(os.environ["KIT_TASK"].split(":")[1])
+        with strategy.scope():
+            variable = tf.Variable([0.0, 0.0])
+            optimizer = half_precision_allreduce(tf.keras.optimizers.SGD)(learning_rate=1.0)
+
+        @tf.function
+        def aggregate():
+            gradient = tf.constant([task + 1.0, 1.0 + 2.0 ** -12])
+            return strategy.run(lambda: optimizer.aggregate_gradients([(gradient, variable)])[0][0])
+
+        return [float(v) for v in strategy.experimental_local_results(aggregate())[0].numpy()]
+
+    assert cluster.run(_aggregate_in_half_precision) == [[3.0, 2.0]] * 2
+
+
+def test_model_options_are_checked_before_tensorflow_loads():
+    from kit.models import build_and_compile_cnn_model
+
+    with pytest.raises(ValueError, match="gradient_compression='int8' is unknown; use one of 'none', 'fp16'"):
+        build_and_compile_cnn_model(gradient_compression="int8")
+    with pytest.raises(ValueError, match="steps_per_execution=0 is not a whole number >= 1"):
+        build_and_compile_cnn_model(steps_per_execution=0)
+
 
 @pytest.mark.slow
 def test_keras3_choice_is_visible_and_real(make_cluster):
@@ -313,3 +353,12 @@ def test_keras3_choice_is_visible_and_real(make_cluster):
         return keras_flavour()
 
     assert cluster.run(flavour) == ["keras3"]
+
+
+def test_user_env_overrides_thread_settings_but_not_the_task_identity():
+    cluster = TFCluster(workers=2, env={"TF_NUM_INTEROP_THREADS": "1", "KIT_TASK": "chief:9", "TF_CONFIG": "{}"})
+    cluster._tf_configs = cluster._build_configs(cluster.task_names, {"worker:0": 2222, "worker:1": 2223})
+    env = cluster._task_environment("worker:1")
+    assert env["TF_NUM_INTEROP_THREADS"] == "1"  # the user's choice wins over the kit's default of >= 2
+    assert env["KIT_TASK"] == "worker:1"
+    assert tfconfig.loads(env["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
