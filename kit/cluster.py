@@ -495,6 +495,9 @@ class TFCluster:
             # at least 2: with one inter-op thread, ParameterServerStrategy steps hang forever
             "TF_NUM_INTEROP_THREADS": str(max(2, threads)),
             "OMP_NUM_THREADS": str(threads),
+            # glibc gives each busy thread its own malloc arena; TensorFlow's many threads then hold
+            # on to ~100 MB per worker that two arenas do not (docs/performance.md, change 9)
+            "MALLOC_ARENA_MAX": "2",
             **self.options.env,  # the user's word wins, except for what makes the task a task
             "KIT_TASK": name,
             "TF_CONFIG": tfconfig.dumps(self._tf_configs[name]),

@@ -85,18 +85,52 @@ def mnist_dataset(global_batch_size: int, *, path: str | os.PathLike | None = No
                   shuffle_seed: int | None = None, train: bool = True, repeat: bool = True):
     """The seeds' training pipeline: ``shuffle(60000).repeat().batch(global_batch_size)``.
 
-    Images are cast to float32 in [0, 1] per batch, after shuffling, so only the uint8 copy
-    lives in memory. ``train=False`` gives the test set (not shuffled, not repeated).
+    Images are cast to float32 in [0, 1] per batch, so only the uint8 copy lives in memory. What is
+    shuffled is the example *indices* (the same permutation, so the same batches, as shuffling the
+    examples), and each batch is gathered from the uint8 arrays held once per process (see
+    :func:`_resident_arrays`). ``train=False`` gives the test set (not shuffled, not repeated).
     """
     if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
         raise KitError(f"global_batch_size={global_batch_size!r}: it must be a whole number >= 1. "
                        "Fix: pass per-worker batch × number of workers, e.g. 64 * 2")
     tf = _tf()
-    (x_train, y_train), (x_test, y_test) = load_mnist(path)
+    images, labels = _resident_arrays(mnist_path(path), train)
+
+    def gather(indices):
+        return _scale(tf.gather(images, indices), tf.gather(labels, indices))
+
+    dataset = tf.data.Dataset.range(int(images.shape[0]))
     if not train:
-        return tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(global_batch_size).map(_scale)
-    dataset = tf.data.Dataset.from_tensor_slices((x_train, y_train))
-    dataset = dataset.shuffle(len(x_train), seed=shuffle_seed)
+        return dataset.batch(global_batch_size).map(gather)
+    dataset = dataset.shuffle(int(images.shape[0]), seed=shuffle_seed)
     if repeat:
         dataset = dataset.repeat()
-    return dataset.batch(global_batch_size).map(_scale, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.batch(global_batch_size).map(gather, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+_RESIDENT: dict[tuple[Path, bool], tuple] = {}
+
+
+def _resident_arrays(source: Path, train: bool) -> tuple:
+    """MNIST's images and labels (uint8) as TensorFlow values, made once per process.
+
+    Outside a distribution strategy's scope they are local ``tf.Variable`` s: a dataset that
+    captures a variable keeps a handle to it, whereas a captured constant is copied whenever the
+    dataset's graph is serialized — and ``experimental_distribute_dataset`` and ``model.fit`` do that
+    to shard it, which cost a worker 47 MB per copy. Inside a strategy's scope a variable would be
+    distributed, so there (and only there) the arrays are constants.
+    """
+    tf = _tf()
+    in_strategy_scope = tf.distribute.has_strategy()
+    key = (source, train)
+    if not in_strategy_scope and key in _RESIDENT:
+        return _RESIDENT[key]
+    (x_train, y_train), (x_test, y_test) = load_mnist(source)
+    images, labels = (x_train, y_train) if train else (x_test, y_test)
+    if in_strategy_scope:
+        return tf.constant(images), tf.constant(labels)
+    with tf.init_scope():  # eager, even when called while a tf.function is traced
+        resident = (tf.Variable(images, trainable=False, name="mnist_images"),
+                    tf.Variable(labels, trainable=False, name="mnist_labels"))
+    _RESIDENT[key] = resident
+    return resident
