@@ -261,6 +261,7 @@ class TFCluster:
                 self._client.close()
                 self._client = None
             try:  # engines first: an engine whose controller vanished first exits with an error
+                self._kill_engine_sets(list(self._ipp.engines))
                 self._ipp.stop_engines_sync()
                 self._ipp.stop_controller_sync()
             finally:
@@ -735,17 +736,22 @@ class TFCluster:
         pids = [t.pid for t in self._tasks.values()] + self._engine_pids() \
             if self.options.engines is None else []
         self._retired_ids.update(t.engine_id for t in self._tasks.values())
-        # a task blocked in a collective ignores SIGTERM
+        self._kill_engine_sets(sets)
+        for set_id in sets:
+            self._ipp.stop_engines_sync(set_id)
+        _reap(pids, self.log)
+        self._tasks.clear()
+
+    def _kill_engine_sets(self, sets: list) -> None:
+        """SIGKILL the engines of these sets. SIGTERM is no use: a task blocked in a collective ignores
+        it, and one that trained with MultiWorkerMirroredStrategy takes ipyparallel's full 5 s grace
+        to exit (TensorFlow's gRPC server does not shut down); their state is thrown away anyway."""
         for set_id in sets:
             for launcher in getattr(self._ipp.engines[set_id], "launchers", {}).values():
                 try:
                     launcher.signal(signals.SIGKILL)
                 except psutil.NoSuchProcess:
                     continue  # already dead: typically the task whose failure led here
-        for set_id in sets:
-            self._ipp.stop_engines_sync(set_id)
-        _reap(pids, self.log)
-        self._tasks.clear()
 
     def _engine_pids(self) -> list[int]:
         pids = []

@@ -298,7 +298,9 @@ def train_parameter_server(run_dir: str, steps: int = 60, per_worker_batch: int 
 
     ``kill_pid``/``kill_after_step`` SIGKILL one process of this machine (a worker or a ps) once,
     while the chunk holding that step runs. A lost worker's functions are rescheduled on the other
-    workers by the ``ClusterCoordinator``; a lost ps makes ``join`` raise, and the supervised run
+    workers by the ``ClusterCoordinator`` — at least once, not exactly once: a function whose update
+    reached the ps before its worker died runs again, so ``model_version`` can exceed ``scheduled`` by
+    the one function each lost worker had in flight. A lost ps makes ``join`` raise, and the supervised run
     (``cluster.run(..., max_failures=1, on_restart=start the servers)``) calls this again.
     """
     tf = import_tensorflow()

@@ -283,7 +283,7 @@ def test_a_task_that_never_comes_up_is_named_after_the_timeout(tmp_path, monkeyp
     broken_startup(tmp_path, monkeypatch, "import time\ntime.sleep(120)\n")
     start = time.monotonic()
     with pytest.raises(ClusterError) as info:
-        TFCluster(workers=2, start_timeout=20).start()
+        TFCluster(workers=2, start_timeout=12).start()
     assert info.value.tasks == ["worker:1"] and "start_timeout" in str(info.value)
     assert time.monotonic() - start < 60
 

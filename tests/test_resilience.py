@@ -169,7 +169,10 @@ def test_ps_a_lost_worker_s_functions_are_rescheduled(make_cluster, tmp_path):
     cluster, victim, result = run_ps_and_kill(make_cluster, tmp_path, "worker:1")
     assert not cluster.failures  # the coordinator coped; nothing was restarted
     assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == psutil.STATUS_ZOMBIE
-    assert result["model_version"] == result["scheduled"] == 40  # every function ran exactly once
+    assert result["scheduled"] == 40
+    # every function ran; the coordinator retries at least once, so the one function the killed worker
+    # had in flight may have updated the ps before the kill and then again on the survivor
+    assert result["model_version"] in (40, 41)
     assert set(result["steps_per_worker"]) == {0, 1} and result["steps_per_worker"][0] > 20
 
 
