@@ -14,9 +14,9 @@ __version__ = "0.1.0"
 __all__ = ["TFCluster", "ClusterOptions", "TaskInfo", "KitError", "TFConfigError", "ClusterError",
            "OptionError", "WorkerError", "FailuresExhaustedError", "import_tensorflow", "tfconfig", "data", "models", "training"]
 
-_LAZY = {"TFCluster": "cluster", "ClusterOptions": "cluster", "TaskInfo": "cluster",
+_LAZY = {"TFCluster": "cluster", "ClusterOptions": "options", "TaskInfo": "options",
          "import_tensorflow": "_tf"}
-_SUBMODULES = {"tfconfig", "data", "models", "training", "cluster", "results", "plots", "experiments",
+_SUBMODULES = {"tfconfig", "data", "models", "training", "cluster", "options", "attach", "results", "plots", "experiments",
                "scaling", "mirrored", "multiworker", "sharding", "checkpoints", "probes", "resilience",
                "ps", "custom_loop", "compat", "bench", "fault_trials"}
 

@@ -30,97 +30,14 @@ import ipyparallel as ipp
 import psutil
 
 from . import _lifeline, _remote, tfconfig
+from .attach import ForeignEngines
 from .errors import ClusterError, FailuresExhaustedError, OptionError, WorkerError
+from .options import KERAS_CHOICES, ClusterOptions, TaskInfo, engine_set_id
 
-KERAS_CHOICES = {"tf-keras": "1", "keras3": "0"}
 #: The controller's heartbeat period. An engine counts as registered after its first heartbeat,
 #: so ipyparallel's default (3000 ms) cost about 5 s of every start; the heart answers from a
 #: C thread, so a busy TensorFlow process still beats on time.
 HEARTBEAT_MS = 1000
-
-
-def _field(default: Any, help: str, **kwargs: Any) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
-
-
-@dataclasses.dataclass
-class ClusterOptions:
-    """Every TFCluster option, with its default and help text (``kit demo --help`` shows them)."""
-
-    workers: int = _field(2, "Number of worker tasks.")
-    chief: bool = _field(False, "Add a chief task (ParameterServerStrategy's coordinator, or "
-                                "MultiWorkerMirroredStrategy's worker 0 under another name).")
-    ps: int = _field(0, "Number of parameter-server tasks (ParameterServerStrategy only).")
-    evaluator: bool = _field(False, "Add an evaluator task (outside the training cluster).")
-    keras: str = _field("tf-keras", "Keras on the workers: 'tf-keras' (Keras 2, sets "
-                        "TF_USE_LEGACY_KERAS=1; works with MultiWorkerMirroredStrategy) or "
-                        "'keras3' (TF's default since 2.16; model.fit fails under "
-                        "MultiWorkerMirroredStrategy, keras-team/keras#20585).")
-    threads: int | None = _field(None, "CPU threads per task (TF intra-op and OpenMP; inter-op gets at "
-                                       "least 2); default: usable cores divided by the number of tasks.")
-    host: str = _field("127.0.0.1", "Address the TF tasks use to reach each other (and the "
-                                    "controller's IP) for engines started on this machine.")
-    start_timeout: float = _field(60.0, "Seconds to wait for every engine to register and "
-                                        "report its TF_CONFIG before giving up.")
-    env: dict = _field(None, "Extra environment variables for every task, e.g. "
-                             "{'TF_ENABLE_ONEDNN_OPTS': '0'}.")
-    engines: Any = _field(None, "Use engines from elsewhere instead of starting local ones: an "
-                                "ipyparallel.Cluster (its launcher starts one engine set per task, "
-                                "or its running engines are used), an ipyparallel.Client, or the "
-                                "path of an ipcontroller-client.json. Each task is reached at the "
-                                "address its engine uses to reach the controller.")
-
-    def __post_init__(self) -> None:
-        for name in ("workers", "ps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise OptionError(name, f"{value!r} is not a whole number >= 0", f"e.g. {name}=2")
-        for name in ("chief", "evaluator"):
-            if not isinstance(getattr(self, name), bool):
-                raise OptionError(name, f"{getattr(self, name)!r} is not True or False",
-                                  f"{name}=True adds one {name} task")
-        if self.workers == 0 and not self.chief:
-            raise OptionError("workers", "the cluster has no worker and no chief",
-                              "ask for workers=1 or more (or chief=True)")
-        if self.keras not in KERAS_CHOICES:
-            raise OptionError("keras", f"{self.keras!r} is not a known Keras choice",
-                              f"use one of {', '.join(KERAS_CHOICES)}")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise OptionError("threads", f"{self.threads!r} is not a whole number >= 1",
-                              "leave it None to divide the cores among the tasks")
-        if not (isinstance(self.start_timeout, (int, float)) and self.start_timeout > 0):
-            raise OptionError("start_timeout", f"{self.start_timeout!r} is not a positive number",
-                              "give seconds, e.g. start_timeout=60")
-        self.env = {str(k): str(v) for k, v in (self.env or {}).items()}
-        if self.engines is not None and not isinstance(self.engines, (ipp.Cluster, ipp.Client, str, os.PathLike)):
-            raise OptionError("engines", f"{type(self.engines).__name__} is not a source of engines",
-                              "pass an ipyparallel.Cluster, an ipyparallel.Client or the path of "
-                              "an ipcontroller-client.json")
-
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        """Option name → help text."""
-        return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
-
-    def cluster_layout(self) -> dict[str, int]:
-        """How many tasks of each type the cluster has."""
-        layout = {"chief": int(self.chief), "worker": self.workers, "ps": self.ps,
-                  "evaluator": int(self.evaluator)}
-        return {t: n for t, n in layout.items() if n}
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskInfo:
-    """One TF task of a running cluster, as its engine reported it."""
-
-    name: str       #: e.g. "worker:1"
-    type: str       #: chief, worker, ps or evaluator
-    index: int
-    address: str    #: host:port the other tasks reach it at ("" for the evaluator)
-    engine_id: int  #: ipyparallel engine id
-    pid: int
-    host: str       #: hostname of the engine's machine
-    keras: str      #: "tf-keras" or "keras3", as set in the engine's environment
 
 
 _live_clusters: "weakref.WeakSet[TFCluster]" = weakref.WeakSet()
@@ -158,7 +75,7 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-class TFCluster:
+class TFCluster(ForeignEngines):
     """A TensorFlow cluster of ipyparallel engines, one engine per TF task.
 
     ``TFCluster(workers=2)`` for MultiWorkerMirroredStrategy; ``TFCluster(chief=True, workers=2,
@@ -435,7 +352,7 @@ class TFCluster:
         for name in names:
             self._ipp.start_engines_sync(
                 n=1,
-                engine_set_id=_engine_set_id(name),
+                engine_set_id=engine_set_id(name),
                 environment={**self._task_environment(name), _lifeline.ENV_VAR: lifeline},
                 engine_cmd=[sys.executable, "-m", "kit._lifeline", "ipyparallel.engine"],
             )
@@ -544,119 +461,6 @@ class TFCluster:
                                    "pip install tf-keras (same minor version as tensorflow)", [name])
         return reports
 
-    # ----- engines from elsewhere (ipyparallel on other hosts) ---------------------------------
-    def _connect(self, source: Any) -> None:
-        """Get a client for ``source``; start its controller if it is an ipyparallel.Cluster without one."""
-        if isinstance(source, ipp.Client):
-            self._client = source
-            return
-        if isinstance(source, ipp.Cluster):
-            self._ipp = source
-            if source.controller is None:
-                source.start_controller_sync()
-                self._owned_controller = True
-            self._client = source.connect_client_sync()
-            return
-        path = os.fspath(source)
-        if not os.path.isfile(path):
-            raise OptionError("engines", f"{path} is not a file",
-                              "give the path of the controller's ipcontroller-client.json "
-                              "(in the profile's security/ folder)")
-        self._client = ipp.Client(url_file=path)
-
-    def _attach_engines(self) -> None:
-        """Group the engines into TF tasks: check them, pick ports on their hosts, set TF_CONFIG."""
-        self._lost = []
-        self._needs_restart = ""
-        self._tasks.clear()
-        names = self.task_names
-        if self._ipp is not None and not self._new_engine_ids() and (self._owned_sets or
-                                                                      self._ipp.engines == {}):
-            self._owned_sets = []
-            for name in names:  # the user's launcher (SSH, Slurm, MPI, ...) starts one set per task
-                self._ipp.start_engines_sync(n=1, engine_set_id=_engine_set_id(name))
-                self._owned_sets.append(_engine_set_id(name))
-        deadline = time.monotonic() + self.options.start_timeout
-        while len(self._new_engine_ids()) < len(names) and time.monotonic() < deadline:
-            try:  # wait for one more registration, at most half a second
-                self._client.wait_for_engines(len(self._client.ids) + 1, timeout=0.5, interactive=False)
-            except TimeoutError:
-                pass  # none yet: check the deadline, then wait again
-        ids = sorted(self._new_engine_ids())
-        if len(ids) < len(names):
-            raise ClusterError(f"too few engines: {len(ids)} registered within "
-                               f"{self.options.start_timeout:g}s, but the tasks {', '.join(names)} need "
-                               f"{len(names)}. Fix: start more engines (e.g. ipcluster engines -n ...)",
-                               names[len(ids):])
-        reports = {}
-        for engine_id in ids:
-            try:
-                reports[engine_id] = {**self._client[engine_id].apply_sync(_remote.report),
-                                      "engine_id": engine_id}
-            except ipp.error.RemoteError as error:
-                raise ClusterError(f"engine {engine_id} cannot run the kit ({error.ename}: {error.evalue}). "
-                                   "Fix: install the kit and its pinned packages on every engine host") from None
-        versions = {r["tensorflow_version"] for r in reports.values()}
-        if len(versions) > 1:
-            detail = ", ".join(f"engine {i} on {r['hostname']}: {r['tensorflow_version']}" for i, r in reports.items())
-            raise ClusterError(f"the engines have different TensorFlow versions ({detail}). Fix: install "
-                               "the same tensorflow on every engine host (see pyproject.toml)")
-        used = [i for i, r in reports.items() if r["tensorflow_imported"]]
-        if used:
-            raise ClusterError(f"engines {used} have imported TensorFlow already, so a new TF_CONFIG "
-                               "cannot take effect. Fix: restart those engines")
-        assignment = dict(zip(names, _spread_over_hosts(reports)))
-        ports = {n: self._client[e].apply_sync(_remote.free_port) for n, e in assignment.items()}
-        hosts = {n: reports[e]["address"] for n, e in assignment.items()}
-        self._tf_configs = self._build_configs(names, ports, hosts)
-        per_host = {h: list(hosts.values()).count(h) for h in hosts.values()}
-        for name, engine_id in assignment.items():
-            env = self._task_environment(name, reports[engine_id]["cores"], per_host[hosts[name]])
-            self._client[engine_id].apply_sync(_remote.set_environment, env)
-        self._check_reachability(assignment)
-        self._client[list(assignment.values())].use_cloudpickle()
-        for name, engine_id in assignment.items():
-            self._record_task(name, {**reports[engine_id], "legacy_keras": KERAS_CHOICES[self.options.keras]})
-
-    def _check_reachability(self, assignment: dict[str, int]) -> None:
-        """Every training task opens its port; every task connects to every other's address."""
-        training = {n: e for n, e in assignment.items() if not n.startswith("evaluator")}
-        addresses = {}
-        for name in training:
-            task = self._tf_configs[name]["task"]
-            addresses[name] = self._tf_configs[name]["cluster"][task["type"]][task["index"]]
-        views = self._client[list(training.values())]
-        for name, engine_id in training.items():
-            port = int(addresses[name].rpartition(":")[2])
-            self._client[engine_id].apply_sync(_remote.open_probe, port)
-        try:
-            problems = []
-            for name, engine_id in assignment.items():
-                others = {n: a for n, a in addresses.items() if n != name}
-                for target, reason in self._client[engine_id].apply_sync(_remote.probe, others).items():
-                    problems.append((name, target, reason))
-        finally:
-            views.apply_sync(_remote.close_probe)
-        if problems:
-            lines = "; ".join(f"{src} cannot reach {dst} at {why}" for src, dst, why in problems)
-            raise ClusterError(f"{lines}. Fix: let the engines' hosts reach each other on these "
-                               "addresses (routes, firewall), or start the engines on hosts that can",
-                               sorted({p[0] for p in problems}))
-
-    def _detach(self) -> None:
-        """Stop what this cluster started (engine sets, controller), leave the user's engines alone."""
-        if self._ipp is not None and self._owned_sets:
-            self._stop_engines()
-        if self._ipp is not None and self._owned_controller:
-            self._ipp.stop_controller_sync()
-        if self._client is not None and not isinstance(self.options.engines, ipp.Client):
-            self._client.close()
-        self._client = None
-        self._ipp = None
-        self._owned_sets = []
-        self._owned_controller = False
-        self._tasks.clear()
-
     # ----- helpers ----------------------------------------------------------------------------
     def _new_engine_ids(self) -> list[int]:
         return [i for i in self._client.ids if i not in self._retired_ids]
@@ -682,7 +486,7 @@ class TFCluster:
         """The local launcher of ``name``'s engine (None for engines from elsewhere)."""
         if self.options.engines is not None:
             return None
-        engine_set = self._ipp.engines.get(_engine_set_id(name)) if self._ipp else None
+        engine_set = self._ipp.engines.get(engine_set_id(name)) if self._ipp else None
         return next(iter(engine_set.launchers.values()), None) if engine_set else None
 
     def _engine_running(self, name: str) -> bool:
@@ -810,28 +614,6 @@ def _failed_task(error: Exception) -> str:
         return error.task
     tasks = getattr(error, "tasks", None)
     return tasks[0] if tasks else "cluster"
-
-
-def _spread_over_hosts(reports: dict[int, dict]) -> list[int]:
-    """Engine ids ordered to spread tasks over hosts: first engine of each host, then second, ...
-
-    A host is known by the address its engines use to reach the controller (containers and
-    network namespaces may share a hostname).
-    """
-    by_host: dict[tuple[str, str], list[int]] = {}
-    for engine_id in sorted(reports):
-        key = (reports[engine_id]["hostname"], reports[engine_id]["address"])
-        by_host.setdefault(key, []).append(engine_id)
-    order = []
-    while any(by_host.values()):
-        for ids in by_host.values():
-            if ids:
-                order.append(ids.pop(0))
-    return order
-
-
-def _engine_set_id(name: str) -> str:
-    return name.replace(":", "-")
 
 
 def _as_list(value: Any) -> list:

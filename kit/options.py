@@ -1,0 +1,105 @@
+"""Every TFCluster option with its default and help text, checked on construction; and TaskInfo.
+
+Kept apart from :mod:`kit.cluster` so that the options (what ``kit demo --help`` lists) are in one
+short file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import ipyparallel as ipp
+
+from .errors import OptionError
+
+KERAS_CHOICES = {"tf-keras": "1", "keras3": "0"}
+
+
+def _field(default: Any, help: str, **kwargs: Any) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+
+
+@dataclasses.dataclass
+class ClusterOptions:
+    """Every TFCluster option, with its default and help text (``kit demo --help`` shows them)."""
+
+    workers: int = _field(2, "Number of worker tasks.")
+    chief: bool = _field(False, "Add a chief task (ParameterServerStrategy's coordinator, or "
+                                "MultiWorkerMirroredStrategy's worker 0 under another name).")
+    ps: int = _field(0, "Number of parameter-server tasks (ParameterServerStrategy only).")
+    evaluator: bool = _field(False, "Add an evaluator task (outside the training cluster).")
+    keras: str = _field("tf-keras", "Keras on the workers: 'tf-keras' (Keras 2, sets "
+                        "TF_USE_LEGACY_KERAS=1; works with MultiWorkerMirroredStrategy) or "
+                        "'keras3' (TF's default since 2.16; model.fit fails under "
+                        "MultiWorkerMirroredStrategy, keras-team/keras#20585).")
+    threads: int | None = _field(None, "CPU threads per task (TF intra-op and OpenMP; inter-op gets at "
+                                       "least 2); default: usable cores divided by the number of tasks.")
+    host: str = _field("127.0.0.1", "Address the TF tasks use to reach each other (and the "
+                                    "controller's IP) for engines started on this machine.")
+    start_timeout: float = _field(60.0, "Seconds to wait for every engine to register and "
+                                        "report its TF_CONFIG before giving up.")
+    env: dict = _field(None, "Extra environment variables for every task, e.g. "
+                             "{'TF_ENABLE_ONEDNN_OPTS': '0'}.")
+    engines: Any = _field(None, "Use engines from elsewhere instead of starting local ones: an "
+                                "ipyparallel.Cluster (its launcher starts one engine set per task, "
+                                "or its running engines are used), an ipyparallel.Client, or the "
+                                "path of an ipcontroller-client.json. Each task is reached at the "
+                                "address its engine uses to reach the controller.")
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "ps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise OptionError(name, f"{value!r} is not a whole number >= 0", f"e.g. {name}=2")
+        for name in ("chief", "evaluator"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionError(name, f"{getattr(self, name)!r} is not True or False",
+                                  f"{name}=True adds one {name} task")
+        if self.workers == 0 and not self.chief:
+            raise OptionError("workers", "the cluster has no worker and no chief",
+                              "ask for workers=1 or more (or chief=True)")
+        if self.keras not in KERAS_CHOICES:
+            raise OptionError("keras", f"{self.keras!r} is not a known Keras choice",
+                              f"use one of {', '.join(KERAS_CHOICES)}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise OptionError("threads", f"{self.threads!r} is not a whole number >= 1",
+                              "leave it None to divide the cores among the tasks")
+        if not (isinstance(self.start_timeout, (int, float)) and self.start_timeout > 0):
+            raise OptionError("start_timeout", f"{self.start_timeout!r} is not a positive number",
+                              "give seconds, e.g. start_timeout=60")
+        self.env = {str(k): str(v) for k, v in (self.env or {}).items()}
+        if self.engines is not None and not isinstance(self.engines, (ipp.Cluster, ipp.Client, str, os.PathLike)):
+            raise OptionError("engines", f"{type(self.engines).__name__} is not a source of engines",
+                              "pass an ipyparallel.Cluster, an ipyparallel.Client or the path of "
+                              "an ipcontroller-client.json")
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        """Option name → help text."""
+        return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
+
+    def cluster_layout(self) -> dict[str, int]:
+        """How many tasks of each type the cluster has."""
+        layout = {"chief": int(self.chief), "worker": self.workers, "ps": self.ps,
+                  "evaluator": int(self.evaluator)}
+        return {t: n for t, n in layout.items() if n}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskInfo:
+    """One TF task of a running cluster, as its engine reported it."""
+
+    name: str       #: e.g. "worker:1"
+    type: str       #: chief, worker, ps or evaluator
+    index: int
+    address: str    #: host:port the other tasks reach it at ("" for the evaluator)
+    engine_id: int  #: ipyparallel engine id
+    pid: int
+    host: str       #: hostname of the engine's machine
+    keras: str      #: "tf-keras" or "keras3", as set in the engine's environment
+
+
+def engine_set_id(name: str) -> str:
+    return name.replace(":", "-")
