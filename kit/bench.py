@@ -235,7 +235,7 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append("(tuned: " + ", ".join(f"{k}={v}" for k, v in TUNED.items()) + ")")
     lines.append("")
     for key, goal in report.get("goals", {}).items():
-        lines.append(f"{key:<16} {goal['value']:>10.2f}  goal {goal['target']:<8} "
+        lines.append(f"{key:<21} {goal['value']:>10.2f}  goal {goal['target']:<8} "
                      f"{'met' if goal['met'] else 'NOT met'}")
     for name, seconds in report.get("notebooks_s", {}).items():
         lines.append(f"notebook {name:<40} {seconds:>6.1f}s")
