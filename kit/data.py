@@ -114,23 +114,23 @@ _RESIDENT: dict[tuple[Path, bool], tuple] = {}
 def _resident_arrays(source: Path, train: bool) -> tuple:
     """MNIST's images and labels (uint8) as TensorFlow values, made once per process.
 
-    Outside a distribution strategy's scope they are local ``tf.Variable`` s: a dataset that
-    captures a variable keeps a handle to it, whereas a captured constant is copied whenever the
-    dataset's graph is serialized — and ``experimental_distribute_dataset`` and ``model.fit`` do that
-    to shard it, which cost a worker 47 MB per copy. Inside a strategy's scope a variable would be
-    distributed, so there (and only there) the arrays are constants.
+    Where it is safe they are local ``tf.Variable`` s: a dataset that captures a variable keeps a
+    handle to it, whereas a captured constant is copied whenever the dataset's graph is serialized —
+    and ``experimental_distribute_dataset`` and ``model.fit`` do that to shard it, which cost a worker
+    47 MB per copy. Inside a strategy's scope a variable would be distributed, and inside a function
+    being traced (e.g. ParameterServerStrategy's per-worker dataset function, which is sent to other
+    processes) it would belong to this process only: there the arrays are constants, as before.
     """
     tf = _tf()
-    in_strategy_scope = tf.distribute.has_strategy()
+    as_variables = tf.executing_eagerly() and not tf.distribute.has_strategy()
     key = (source, train)
-    if not in_strategy_scope and key in _RESIDENT:
+    if as_variables and key in _RESIDENT:
         return _RESIDENT[key]
     (x_train, y_train), (x_test, y_test) = load_mnist(source)
     images, labels = (x_train, y_train) if train else (x_test, y_test)
-    if in_strategy_scope:
+    if not as_variables:
         return tf.constant(images), tf.constant(labels)
-    with tf.init_scope():  # eager, even when called while a tf.function is traced
-        resident = (tf.Variable(images, trainable=False, name="mnist_images"),
-                    tf.Variable(labels, trainable=False, name="mnist_labels"))
+    resident = (tf.Variable(images, trainable=False, name="mnist_images"),
+                tf.Variable(labels, trainable=False, name="mnist_labels"))
     _RESIDENT[key] = resident
     return resident

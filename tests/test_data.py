@@ -72,6 +72,50 @@ def test_test_split_is_finite_and_ordered(tmp_path):
     assert np.concatenate([labels.numpy() for _, labels in batches]).tolist() == list(range(8))
 
 
+def test_shuffling_indices_gives_the_batches_shuffling_examples_gave(tmp_path):
+    from kit._tf import import_tensorflow
+
+    tf = import_tensorflow()
+    path = small_npz(tmp_path / "m.npz", n=40)
+    (x, y), _ = data.load_mnist(path)
+    examples = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(40, seed=7).repeat().batch(16)
+    for (images, labels), (raw_images, raw_labels) in zip(data.mnist_dataset(16, path=path, shuffle_seed=7),
+                                                          examples.take(6)):  # two and a half epochs
+        np.testing.assert_array_equal(labels.numpy(), raw_labels.numpy())
+        np.testing.assert_allclose(images.numpy(), raw_images.numpy() / 255.0, rtol=1e-6)
+
+
+def test_images_are_held_once_per_process_in_a_variable():
+    """A variable, so that sharding a dataset copies a handle, not 47 MB (the memory itself is measured
+    by kit bench, docs/performance.md change 9)."""
+    from kit._tf import import_tensorflow
+
+    tf = import_tensorflow()
+    data.mnist_dataset(64), data.mnist_dataset(128, shuffle_seed=3)
+    images, labels = data._resident_arrays(data.BUNDLED_MNIST, True)
+    assert isinstance(images, tf.Variable) and images.dtype == tf.uint8 and images.shape == (60000, 28, 28)
+    assert isinstance(labels, tf.Variable) and labels.shape == (60000,)
+    assert data._resident_arrays(data.BUNDLED_MNIST, True)[0] is images  # both datasets use this one
+
+
+def test_inside_a_traced_function_or_a_strategy_scope_the_arrays_are_constants(tmp_path):
+    from kit._tf import import_tensorflow
+
+    tf = import_tensorflow()
+    path = small_npz(tmp_path / "m.npz", n=40)
+    kinds = []
+
+    @tf.function
+    def per_worker_dataset():  # as ParameterServerStrategy traces a dataset function
+        kinds.append(type(data._resident_arrays(path, True)[0]).__name__)
+        return data.mnist_dataset(8, path=path)
+
+    per_worker_dataset()
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():  # a variable here would be a mirrored one
+        kinds.append(type(data._resident_arrays(path, True)[0]).__name__)
+    assert len(kinds) >= 2 and not any("Variable" in kind for kind in kinds)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_bad_batch_size(bad):
     with pytest.raises(KitError, match="global_batch_size"):
