@@ -6,11 +6,17 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test unit notebooks lab bench faults compat clean
 
+LAB_STAMP := $(VENV)/.installed-lab
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,lab]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+$(LAB_STAMP): $(STAMP)  # JupyterLab only for `make lab` (the tests run notebooks without it)
+	$(BIN)/python -m pip install --quiet -e '.[dev,lab]'
+	touch $(LAB_STAMP)
 
 demo: $(STAMP)  ## train the seeds' MNIST example on 1 and on 2 workers; writes out/
 	$(BIN)/kit demo --out out
@@ -23,7 +29,7 @@ unit: $(STAMP)
 notebooks: $(STAMP)
 	$(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider --ignore=notebooks/out notebooks/
 
-lab: $(STAMP)  ## open the notebooks in JupyterLab
+lab: $(LAB_STAMP)  ## open the notebooks in JupyterLab
 	$(BIN)/jupyter lab notebooks/
 
 bench: $(STAMP)  ## efficiency, start-up, recovery, memory, notebook times -> out/bench/bench.json
