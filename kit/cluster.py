@@ -30,7 +30,7 @@ import ipyparallel as ipp
 import psutil
 
 from . import _lifeline, _remote, tfconfig
-from .attach import ForeignEngines
+from .attach import ForeignEngines, wait_for_one_more_engine
 from .errors import ClusterError, FailuresExhaustedError, OptionError, WorkerError
 from .options import KERAS_CHOICES, ClusterOptions, TaskInfo, engine_set_id
 
@@ -433,11 +433,7 @@ class TFCluster(ForeignEngines):
                                    f"{self._log_tail(exited[0])}", exited)
             if time.monotonic() > deadline:
                 break
-            try:  # wait for one more registration, at most half a second
-                self._client.wait_for_engines(len(self._client.ids) + 1, timeout=0.5,
-                                             interactive=False)
-            except TimeoutError:
-                pass  # none yet: check the processes and the deadline, then wait again
+            wait_for_one_more_engine(self._client, self.log)  # then check processes and deadline
             new_ids = self._new_engine_ids()
         reports: dict[str, dict] = {}
         for engine_id in new_ids:

@@ -362,3 +362,24 @@ def test_user_env_overrides_thread_settings_but_not_the_task_identity():
     assert env["TF_NUM_INTEROP_THREADS"] == "1"  # the user's choice wins over the kit's default of >= 2
     assert env["KIT_TASK"] == "worker:1"
     assert tfconfig.loads(env["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
+
+
+def test_an_engine_unregistering_during_the_wait_is_logged_not_fatal(caplog):
+    """After a restart the controller may declare a killed engine of the old set dead while the new
+    engines register; ipyparallel raises EngineError from the wait, which must not end the start."""
+    import logging
+
+    import ipyparallel as ipp
+
+    from kit.attach import wait_for_one_more_engine
+
+    class ClientWhoseOldEngineUnregisters:
+        ids = [4, 5]
+
+        def wait_for_engines(self, n, timeout, interactive):
+            raise ipp.error.EngineError("Engine 6 unregistered while waiting for engines.")
+
+    log = logging.getLogger("kit.test")
+    with caplog.at_level(logging.INFO, logger="kit.test"):
+        wait_for_one_more_engine(ClientWhoseOldEngineUnregisters(), log)
+    assert "Engine 6 unregistered" in caplog.text
