@@ -178,8 +178,7 @@ class TFCluster(ForeignEngines):
                 self._client.close()
                 self._client = None
             try:  # engines first: an engine whose controller vanished first exits with an error
-                self._kill_engine_sets(list(self._ipp.engines))
-                self._ipp.stop_engines_sync()
+                self._stop_engines()
                 self._ipp.stop_controller_sync()
             finally:
                 _reap(pids, self.log)

@@ -334,7 +334,7 @@ def test_two_workers_train_in_lockstep(make_cluster):
     assert cluster.run(_aggregate_in_half_precision) == [[3.0, 2.0]] * 2
 
 
-def test_model_options_are_checked_before_tensorflow_loads():
+def test_model_options_are_checked_with_the_field_and_the_choices():
     from kit.models import build_and_compile_cnn_model
 
     with pytest.raises(ValueError, match="gradient_compression='int8' is unknown; use one of 'none', 'fp16'"):
