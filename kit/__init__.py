@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import (ClusterError, FailuresExhaustedError, KitError, OptionError, TFConfigError,
-                     WorkerError)
+from .errors import (ClusterError, ExposedPortsWarning, FailuresExhaustedError, KitError, OptionError,
+                     TFConfigError, WorkerError)
 
 __version__ = "0.1.0"
 __all__ = ["TFCluster", "ClusterOptions", "TaskInfo", "KitError", "TFConfigError", "ClusterError",
-           "OptionError", "WorkerError", "FailuresExhaustedError", "import_tensorflow", "tfconfig", "data", "models", "training"]
+           "OptionError", "WorkerError", "FailuresExhaustedError", "ExposedPortsWarning", "import_tensorflow", "tfconfig", "data", "models", "training"]
 
 _LAZY = {"TFCluster": "cluster", "ClusterOptions": "options", "TaskInfo": "options",
          "import_tensorflow": "_tf"}

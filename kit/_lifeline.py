@@ -4,13 +4,16 @@ A killed notebook kernel runs no ``atexit`` handler, and an ipyparallel engine n
 controller only after ~50 missed heartbeats (minutes), while the controller's scheduler
 processes outlive a killed controller. So the kit starts its controller and engines as::
 
-    python -m kit._lifeline ipyparallel.controller [args...]
+    python -m kit._lifeline kit._controller [args...]
     python -m kit._lifeline ipyparallel.engine [args...]
 
 with ``KIT_LIFELINE="pid:start_time,..."`` in their environment: a daemon thread polls those
 processes and ends this one (``os._exit``) when any of them has exited. The start time guards
 against a recycled pid. Engines on other hosts cannot see local pids; there the engine's own
 heartbeat check (``--IPEngine.max_heartbeat_misses``) is the fallback.
+
+An engine whose environment has ``KIT_NETNS`` first joins the cluster's private network namespace
+(:mod:`kit._netns`).
 """
 
 from __future__ import annotations
@@ -54,8 +57,11 @@ def _watch(watched: list[tuple[int, float]], stop: threading.Event) -> None:
     while not stop.wait(POLL_SECONDS):
         for pid, start_time in watched:
             if not is_alive(pid, start_time):
-                print(f"kit lifeline: process {pid} that owns this one is gone; exiting",
-                      file=sys.__stderr__, flush=True)
+                try:
+                    print(f"kit lifeline: process {pid} that owns this one is gone; exiting",
+                          file=sys.__stderr__, flush=True)
+                except OSError:
+                    pass  # stderr was a pipe to the owner, now gone (EPIPE): exit all the same
                 os._exit(3)
 
 
@@ -81,6 +87,11 @@ def _start_thread(watched: list[tuple[int, float]], stop: threading.Event) -> No
 def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m kit._lifeline MODULE [ARGS...]")
+    netns = os.environ.get("KIT_NETNS")
+    if netns:  # an engine of a local cluster: into the cluster's private network first (kit._netns),
+        from . import _netns  # while this process has one thread, as joining a user namespace needs
+
+        _netns.enter(netns)
     start()
     sys.argv = [argv[0], *argv[1:]]
     runpy.run_module(argv[0], run_name="__main__", alter_sys=True)

@@ -6,7 +6,9 @@
 The cluster starts an ipyparallel controller and one engine *set* per TF task (so one task can be
 signalled, killed or restarted alone), picks a free port per task, and launches each engine with
 TF_CONFIG, TF_USE_LEGACY_KERAS and thread limits in its environment, before TensorFlow is
-imported. It stops every process it started when the ``with`` block ends, at interpreter exit,
+imported. The engines live in a private network namespace (:mod:`kit._netns`), because TensorFlow's
+servers listen on every interface and run any op a stranger sends; the controller talks to them, and
+the kernel to it, over unix sockets in the cluster's 0700 profile folder. It stops every process it started when the ``with`` block ends, at interpreter exit,
 and (through :mod:`kit._lifeline`) when the notebook kernel or the controller is killed.
 """
 
@@ -23,15 +25,16 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 import weakref
 from typing import Any, Callable
 
 import ipyparallel as ipp
 import psutil
 
-from . import _lifeline, _remote, tfconfig
+from . import _lifeline, _netns, _remote, tfconfig
 from .attach import ForeignEngines, wait_for_one_more_engine
-from .errors import ClusterError, FailuresExhaustedError, OptionError, WorkerError
+from .errors import ClusterError, ExposedPortsWarning, FailuresExhaustedError, OptionError, WorkerError
 from .options import KERAS_CHOICES, ClusterOptions, TaskInfo, engine_set_id
 
 #: The controller's heartbeat period. An engine counts as registered after its first heartbeat,
@@ -102,6 +105,9 @@ class TFCluster(ForeignEngines):
         self._retired_ids: set[int] = set()  # engine ids of engines this cluster replaced
         self._owned_sets: list[str] = []  # engine sets started through a user's ipyparallel.Cluster
         self._owned_controller = False
+        self._network: _netns.PrivateNetwork | None = None
+        #: Why the tasks' servers are reachable from the network ("" while they are not).
+        self.exposed_because = ""
         self.started = False
 
     # ----- public API -------------------------------------------------------------------------
@@ -142,10 +148,13 @@ class TFCluster(ForeignEngines):
             else:
                 self._connect(self.options.engines)
                 self._attach_engines()
+                self.exposed_because = "engines from elsewhere reach each other over the network"
         except BaseException:
             self.stop()
             raise
         self.started = True
+        if self.exposed_because:
+            self._warn_exposed()
         return self
 
     def restart(self) -> "TFCluster":
@@ -183,6 +192,9 @@ class TFCluster(ForeignEngines):
             finally:
                 _reap(pids, self.log)
                 self._ipp = None
+        if self._network is not None:
+            self._network.stop()
+            self._network = None
         if self._profile_dir is not None:
             shutil.rmtree(self._profile_dir, ignore_errors=True)
             self._profile_dir = None
@@ -322,19 +334,22 @@ class TFCluster(ForeignEngines):
 
     # ----- start-up ---------------------------------------------------------------------------
     def _start_controller(self) -> None:
-        self._profile_dir = tempfile.mkdtemp(prefix="kit-cluster-")
+        self._profile_dir = tempfile.mkdtemp(prefix="kit-cluster-")  # 0700: only this user connects
+        sockets = os.path.join(self._profile_dir, "sockets")
+        os.mkdir(sockets, 0o700)
         self._ipp = ipp.Cluster(
             n=0,
             profile_dir=self._profile_dir,
             cluster_id=f"kit-{uuid.uuid4().hex[:8]}",
-            controller_ip=self.options.host,
-            controller_args=["--IPController.use_threads=True", f"--HeartMonitor.period={HEARTBEAT_MS}"],
+            # unix sockets, no TCP port: they reach engines in the private network (kit._controller)
+            controller_args=["--IPController.use_threads=True", f"--HeartMonitor.period={HEARTBEAT_MS}",
+                             "--IPController.transport=ipc", f"--IPController.ip={sockets}/c"],
             # ipyparallel warns, with the engine's whole log, about every engine that exits with a
             # signal; the kit kills engines on purpose (restart) and reports real failures itself
             log_level=logging.ERROR,
         )
         self._ipp.start_controller_sync(
-            controller_cmd=[sys.executable, "-m", "kit._lifeline", "ipyparallel.controller"],
+            controller_cmd=[sys.executable, "-m", "kit._lifeline", "kit._controller"],
             environment={_lifeline.ENV_VAR: _lifeline.token(os.getpid())},
         )
 
@@ -348,11 +363,12 @@ class TFCluster(ForeignEngines):
         self._tf_configs = self._build_configs(names, ports)
         lifeline = ",".join([_lifeline.token(os.getpid()),
                              _lifeline.token(self._ipp.controller.process.pid)])
+        network = self._private_network()
         for name in names:
             self._ipp.start_engines_sync(
                 n=1,
                 engine_set_id=engine_set_id(name),
-                environment={**self._task_environment(name), _lifeline.ENV_VAR: lifeline},
+                environment={**self._task_environment(name), _lifeline.ENV_VAR: lifeline, **network},
                 engine_cmd=[sys.executable, "-m", "kit._lifeline", "ipyparallel.engine"],
             )
         if self._client is None:
@@ -382,9 +398,47 @@ class TFCluster(ForeignEngines):
         address = "" if task["type"] == "evaluator" else \
             self._tf_configs[name]["cluster"][task["type"]][task["index"]]
         keras = {v: k for k, v in KERAS_CHOICES.items()}.get(report["legacy_keras"], "keras3")
+        port = address.rpartition(":")[2]
+        if not address:
+            listens_on = ""
+        elif self._network is not None:
+            listens_on = f"[::]:{port} in the cluster's private network (loopback only)"
+        else:
+            listens_on = f"[::]:{port}, every interface of {report['hostname']} (reachable from the network)"
         self._tasks[name] = TaskInfo(name=name, type=task["type"], index=task["index"], address=address,
                                      engine_id=report["engine_id"], pid=report["pid"],
-                                     host=report["hostname"], keras=keras)
+                                     host=report["hostname"], keras=keras, listens_on=listens_on)
+
+    def _private_network(self) -> dict[str, str]:
+        """The engines' environment entry that puts them in the cluster's private network; {} where
+        there is none (then :attr:`exposed_because` says why, and :meth:`start` warns)."""
+        if self.options.isolation == "none":
+            self.exposed_because = "isolation='none' was asked for"
+            return {}
+        if self._network is None or not self._network.alive():
+            try:
+                self._network = _netns.PrivateNetwork.start(_lifeline.token(os.getpid()))
+            except _netns.Unavailable as error:
+                self._network = None
+                if self.options.isolation == "required":
+                    raise ClusterError(f"no private network for the tasks ({error}), and isolation="
+                                       "'required' was asked for. Fix: run where network namespaces "
+                                       "are allowed (Linux; root, or unprivileged user namespaces), "
+                                       "or use isolation='auto' to start with a warning") from None
+                self.exposed_because = f"no private network namespace could be made here ({error})"
+                return {}
+        self.exposed_because = ""
+        return {_netns.ENV_VAR: self._network.token}
+
+    def _warn_exposed(self) -> None:
+        servers = [f"{t.name} at {t.address}" for t in self._tasks.values() if t.address]
+        warnings.warn(
+            f"The TensorFlow servers of this cluster can be reached from other hosts: "
+            f"{', '.join(servers)}, listening on every interface ({self.exposed_because}). They have "
+            "no authentication: anyone who can connect can read and write files as this user while "
+            "the cluster runs. Keep these hosts on a private network or VPN, allow only the peers' "
+            "addresses to these ports in the host firewall, or tunnel over SSH (README, Security).",
+            ExposedPortsWarning, stacklevel=_caller_outside_kit())
 
     def _pick_ports(self, names: list[str]) -> dict[str, int]:
         ports: dict[str, int] = {}
@@ -602,6 +656,14 @@ class Failure:
     error: str        #: one line
     failed_at: float  #: time.time() when the kit saw it
     restarted_at: float | None = None  #: time.time() when fresh engines were ready
+
+
+def _caller_outside_kit() -> int:
+    """The ``stacklevel`` that attributes a warning to the first caller outside the kit package."""
+    frame, level = sys._getframe(1), 1  # noqa: SLF001 - the caller of this function is level 1
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "kit":
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _failed_task(error: Exception) -> str:

@@ -66,3 +66,8 @@ class FailuresExhaustedError(KitError, RuntimeError):
         super().__init__(f"{function} failed {len(self.failures)} time(s), more than max_failures="
                          f"{len(self.failures) - 1} allows:\n{lines}\nFix: look at the first failure; "
                          "raise max_failures if the failures are transient")
+
+
+class ExposedPortsWarning(UserWarning):
+    """A cluster's TensorFlow servers can be reached from other hosts (they accept any op from anyone
+    who connects); the message names the ports and what to do (README, Security)."""

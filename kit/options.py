@@ -15,6 +15,13 @@ import ipyparallel as ipp
 from .errors import OptionError
 
 KERAS_CHOICES = {"tf-keras": "1", "keras3": "0"}
+#: How a local cluster keeps its TensorFlow servers from the network (docs/security.md).
+ISOLATION_CHOICES = {
+    "auto": "a private network namespace where the system allows one; otherwise start with an "
+            "ExposedPortsWarning that names the exposed ports",
+    "required": "a private network namespace, or a ClusterError saying why there is none",
+    "none": "the host's network: every task's server is reachable from other hosts (warned)",
+}
 
 
 def _field(default: Any, help: str, **kwargs: Any) -> Any:
@@ -36,8 +43,14 @@ class ClusterOptions:
                         "MultiWorkerMirroredStrategy, keras-team/keras#20585).")
     threads: int | None = _field(None, "CPU threads per task (TF intra-op and OpenMP; inter-op gets at "
                                        "least 2); default: usable cores divided by the number of tasks.")
-    host: str = _field("127.0.0.1", "Address the TF tasks use to reach each other (and the "
-                                    "controller's IP) for engines started on this machine.")
+    host: str = _field("127.0.0.1", "Address the TF tasks use to reach each other, for engines "
+                                    "started on this machine (a loopback address unless "
+                                    "isolation='none').")
+    isolation: str = _field(dataclasses.MISSING, "How a local cluster keeps its TensorFlow servers, "
+                            "which run any op anyone who connects sends, from the network: " +
+                            "; ".join(f"'{k}': {v}" for k, v in ISOLATION_CHOICES.items()) +
+                            ". Default: $KIT_ISOLATION, else 'auto'.",
+                            default_factory=lambda: os.environ.get("KIT_ISOLATION", "auto"))
     start_timeout: float = _field(60.0, "Seconds to wait for every engine to register and "
                                         "report its TF_CONFIG before giving up.")
     env: dict = _field(None, "Extra environment variables for every task, e.g. "
@@ -69,6 +82,19 @@ class ClusterOptions:
         if not (isinstance(self.start_timeout, (int, float)) and self.start_timeout > 0):
             raise OptionError("start_timeout", f"{self.start_timeout!r} is not a positive number",
                               "give seconds, e.g. start_timeout=60")
+        if self.isolation not in ISOLATION_CHOICES:
+            raise OptionError("isolation", f"{self.isolation!r} is not a known choice (from the "
+                              "argument or $KIT_ISOLATION)", f"use one of {', '.join(ISOLATION_CHOICES)}")
+        if self.isolation != "none" and self.engines is None and not _is_loopback(self.host):
+            raise OptionError("host", f"{self.host!r} is not a loopback address, but the tasks of a "
+                              "local cluster live in a private network that has only loopback",
+                              "leave host at 127.0.0.1, or pass isolation='none' to put the tasks "
+                              "on the host's network (reachable from other hosts)")
+        if self.isolation == "required" and self.engines is not None:
+            raise OptionError("isolation", "engines from elsewhere must reach each other over the "
+                              "network, so they cannot be isolated by the kit",
+                              "protect them with a private network, firewall rules or SSH tunnels "
+                              "(README, Security), and leave isolation at 'auto'")
         self.env = {str(k): str(v) for k, v in (self.env or {}).items()}
         if self.engines is not None and not isinstance(self.engines, (ipp.Cluster, ipp.Client, str, os.PathLike)):
             raise OptionError("engines", f"{type(self.engines).__name__} is not a source of engines",
@@ -99,6 +125,19 @@ class TaskInfo:
     pid: int
     host: str       #: hostname of the engine's machine
     keras: str      #: "tf-keras" or "keras3", as set in the engine's environment
+    #: where its TensorFlow server listens, and who can reach it ("" for the evaluator: no server)
+    listens_on: str = ""
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def engine_set_id(name: str) -> str:

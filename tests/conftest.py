@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import psutil
@@ -27,6 +30,34 @@ def describe(procs: list[psutil.Process]) -> list[str]:
         except psutil.Error:
             out.append(f"{proc.pid}: (exited)")
     return out
+
+
+def sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, text=True)
+
+
+def can_make_namespaces() -> str | None:
+    """Why this run cannot make network namespaces ("hosts" for the tests), or None if it can.
+
+    On CI (root on Debian) it must be able to: there a missing prerequisite fails the test run.
+    """
+    reason = None
+    if os.geteuid() != 0:
+        reason = "needs root to create network namespaces"
+    elif shutil.which("ip") is None:
+        reason = "needs the `ip` command (iproute2: apt-get install iproute2)"
+    else:
+        probe = f"kitprobe{uuid.uuid4().hex[:6]}"
+        result = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+        if result.returncode != 0:
+            reason = f"cannot create network namespaces here: {result.stderr.strip()}"
+        else:
+            sh("ip", "netns", "del", probe)
+    if reason and os.environ.get("CI"):
+        import pytest
+
+        pytest.fail(f"CI runs as root on Debian, where this must work: {reason}")
+    return reason
 
 
 def broken_startup(directory: Path, monkeypatch, body: str, task: str = "worker:1") -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import numpy as np
 import psutil
@@ -18,7 +19,7 @@ import pytest
 from conftest import REPO, broken_startup, kit_processes
 from kit import tfconfig
 from kit.cluster import TFCluster, _usable_cores
-from kit.errors import ClusterError, OptionError, WorkerError
+from kit.errors import ClusterError, ExposedPortsWarning, OptionError, WorkerError
 
 
 def wait_until_gone(pids, timeout):
@@ -246,7 +247,10 @@ def test_a_killed_task_fails_the_run_then_restart_gives_fresh_engines(make_clust
 
 
 # ----- start-up failures ---------------------------------------------------------------------------
-def test_a_port_taken_after_it_was_picked_is_replaced(make_cluster, monkeypatch):
+@pytest.mark.parametrize("isolation", ["none", "auto"])
+def test_a_port_taken_after_it_was_picked_is_replaced(make_cluster, monkeypatch, isolation):
+    """On the host's network a port taken since it was picked is replaced; in the cluster's private
+    network the host's ports are not the tasks' ports, so the same port is free there and kept."""
     with socket.socket() as squatter:
         squatter.bind(("", 0))
         squatter.listen()
@@ -259,9 +263,11 @@ def test_a_port_taken_after_it_was_picked_is_replaced(make_cluster, monkeypatch)
             return ports
 
         monkeypatch.setattr(TFCluster, "_pick_ports", pick_a_taken_port)
-        cluster = make_cluster(workers=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExposedPortsWarning)  # isolation="none" is asked for
+            cluster = make_cluster(workers=2, isolation=isolation)
         addresses = [t.address for t in cluster.tasks]
-        assert f"127.0.0.1:{taken}" not in addresses
+        assert (f"127.0.0.1:{taken}" in addresses) == (isolation == "auto")
 
         def seen_tf_config():
             import json

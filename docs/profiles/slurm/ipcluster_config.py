@@ -10,6 +10,10 @@
 # With no engines running yet, the kit submits one engine set (one job) per TF task through
 # this launcher, so that cluster.restart() and max_failures can replace them; start_timeout
 # covers the time the jobs wait in the queue.
+# SECURITY: each task's TensorFlow server listens on every interface of its host and runs any op that
+# anyone who connects sends (reading and writing files as you). The kit warns with the addresses when
+# the cluster starts. Keep these hosts on a private network or VPN, or allow only the peers' addresses
+# to the task ports in the host firewall: see docs/security.md.
 c = get_config()  # noqa: F821 (defined by ipyparallel when it loads this file)
 
 c.Cluster.controller_ip = "0.0.0.0"          # reachable from the compute nodes

@@ -12,6 +12,10 @@
 # or start them from a shell (`ipcluster start --profile=kit-ssh`) and pass
 #   engines="~/.ipython/profile_kit-ssh/security/ipcontroller-client.json"
 # Engines that trained once have TensorFlow imported: restart them for the next TFCluster.
+# SECURITY: each task's TensorFlow server listens on every interface of its host and runs any op that
+# anyone who connects sends (reading and writing files as you). The kit warns with the addresses when
+# the cluster starts. Keep these hosts on a private network or VPN, or allow only the peers' addresses
+# to the task ports in the host firewall: see docs/security.md.
 c = get_config()  # noqa: F821 (defined by ipyparallel when it loads this file)
 
 # The controller must listen on an address the engine hosts can reach (not loopback) ...
