@@ -27,7 +27,7 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest tests
 
 notebooks: $(STAMP)
-	$(BIN)/python -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider --ignore=notebooks/out notebooks/
+	$(BIN)/python -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider --ignore=notebooks/out notebooks/
 
 lab: $(LAB_STAMP)  ## open the notebooks in JupyterLab
 	$(BIN)/jupyter lab notebooks/

@@ -2,6 +2,8 @@
 
 import json
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -55,3 +57,13 @@ def test_notebook_is_committed_clean_with_a_parameters_cell(path):
     assert first.startswith(f"# {path.name[:2]}"), "the title carries the notebook's number"
     assert "What you will learn" in first
     assert "## What you saw" in "".join(nb["cells"][-1]["source"])
+
+
+def test_a_hung_test_fails_within_its_time_bound(tmp_path):
+    """pytest-timeout bounds every test (pyproject: timeout); a hang is a failure that names the test."""
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["timeout"] > 0
+    (tmp_path / "test_hang.py").write_text("import threading\n\ndef test_hangs():\n    threading.Event().wait()\n")
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c",
+                             str(REPO / "pyproject.toml"), "--rootdir", str(tmp_path), "-o", "timeout=2",
+                             str(tmp_path / "test_hang.py")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "Timeout" in result.stdout and "test_hangs" in result.stdout, result.stdout
