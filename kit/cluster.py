@@ -8,8 +8,9 @@ signalled, killed or restarted alone), picks a free port per task, and launches 
 TF_CONFIG, TF_USE_LEGACY_KERAS and thread limits in its environment, before TensorFlow is
 imported. The engines live in a private network namespace (:mod:`kit._netns`), because TensorFlow's
 servers listen on every interface and run any op a stranger sends; the controller talks to them, and
-the kernel to it, over unix sockets in the cluster's 0700 profile folder. It stops every process it started when the ``with`` block ends, at interpreter exit,
-and (through :mod:`kit._lifeline`) when the notebook kernel or the controller is killed.
+the kernel to it, over unix sockets in the cluster's 0700 profile folder (docs/security.md). It stops
+every process it started when the ``with`` block ends, at interpreter exit, and (through
+:mod:`kit._lifeline`) when the notebook kernel or the controller is killed.
 """
 
 from __future__ import annotations
@@ -432,12 +433,18 @@ class TFCluster(ForeignEngines):
 
     def _warn_exposed(self) -> None:
         servers = [f"{t.name} at {t.address}" for t in self._tasks.values() if t.address]
+        if self.options.engines is None:
+            fix = ("allow network namespaces here (Linux: root, or unprivileged user namespaces), "
+                   "train only on a network you trust, or pass isolation='required' to refuse to "
+                   "start exposed")
+        else:
+            fix = ("keep these hosts on a private network or VPN, admit only the peers' addresses to "
+                   "these ports in each host's firewall, or use SSH tunnels with the ports closed")
         warnings.warn(
             f"The TensorFlow servers of this cluster can be reached from other hosts: "
             f"{', '.join(servers)}, listening on every interface ({self.exposed_because}). They have "
             "no authentication: anyone who can connect can read and write files as this user while "
-            "the cluster runs. Keep these hosts on a private network or VPN, allow only the peers' "
-            "addresses to these ports in the host firewall, or tunnel over SSH (README, Security).",
+            f"the cluster runs. Fix: {fix} (README, Security).",
             ExposedPortsWarning, stacklevel=_caller_outside_kit())
 
     def _pick_ports(self, names: list[str]) -> dict[str, int]:

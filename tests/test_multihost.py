@@ -113,6 +113,7 @@ def test_workers_in_two_namespaces_train_with_their_own_addresses(hosts, ipp_clu
         addresses = sorted(t.address.rpartition(":")[0] for t in cluster.tasks)
         assert addresses == [f"{SUBNET}.2", f"{SUBNET}.3"]
         assert all(f"{t.name} at {t.address}" in str(warned[0].message) for t in cluster.tasks)
+        assert "private network or VPN" in str(warned[0].message)
         assert all("reachable from the network" in t.listens_on for t in cluster.tasks)
         assert cluster.tf_configs["worker:0"]["cluster"] == cluster.tf_configs["worker:1"]["cluster"]
         from kit.training import train_mnist
