@@ -7,18 +7,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import (ClusterError, ExposedPortsWarning, FailuresExhaustedError, KitError, OptionError,
-                     TFConfigError, WorkerError)
+from .errors import (ClusterError, ExposedPortsWarning, FailuresExhaustedError, KitError,
+                     MemoryLimitWarning, OptionError, TFConfigError, WorkerError)
 
 __version__ = "0.1.0"
 __all__ = ["TFCluster", "ClusterOptions", "TaskInfo", "KitError", "TFConfigError", "ClusterError",
-           "OptionError", "WorkerError", "FailuresExhaustedError", "ExposedPortsWarning", "import_tensorflow", "tfconfig", "data", "models", "training"]
+           "OptionError", "WorkerError", "FailuresExhaustedError", "ExposedPortsWarning", "MemoryLimitWarning", "import_tensorflow", "tfconfig", "data", "models", "training"]
 
 _LAZY = {"TFCluster": "cluster", "ClusterOptions": "options", "TaskInfo": "options",
          "import_tensorflow": "_tf"}
 _SUBMODULES = {"tfconfig", "data", "models", "training", "cluster", "options", "attach", "results", "plots", "experiments",
                "scaling", "mirrored", "multiworker", "sharding", "checkpoints", "probes", "resilience",
-               "ps", "custom_loop", "compat", "bench", "fault_trials"}
+               "ps", "custom_loop", "compat", "bench", "fault_trials", "limits"}
 
 
 def __getattr__(name: str) -> Any:

@@ -17,7 +17,7 @@ def report() -> dict[str, Any]:
     """What an engine tells the kit at readiness: who it is and what it was given."""
     return {
         "tensorflow_version": _version("tensorflow"),
-        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cores": _cores(),
         "address": reachable_address(),
         "task": os.environ.get("KIT_TASK"),
         "pid": os.getpid(),
@@ -28,6 +28,13 @@ def report() -> dict[str, Any]:
         "has_tf_keras": find_spec("tf_keras") is not None,
         "python": sys.version.split()[0],
     }
+
+
+def _cores() -> int:
+    """This engine's usable cores, CPU quota included."""
+    from kit.limits import read
+
+    return read().cores
 
 
 def port_is_free(port: int) -> bool:

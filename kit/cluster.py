@@ -33,9 +33,10 @@ from typing import Any, Callable
 import ipyparallel as ipp
 import psutil
 
-from . import _lifeline, _netns, _remote, tfconfig
+from . import _lifeline, _netns, _remote, limits, tfconfig
 from .attach import ForeignEngines, wait_for_one_more_engine
-from .errors import ClusterError, ExposedPortsWarning, FailuresExhaustedError, OptionError, WorkerError
+from .errors import (ClusterError, ExposedPortsWarning, FailuresExhaustedError, MemoryLimitWarning, OptionError,
+                     WorkerError)
 from .options import KERAS_CHOICES, ClusterOptions, TaskInfo, engine_set_id
 
 #: The controller's heartbeat period. An engine counts as registered after its first heartbeat,
@@ -73,10 +74,8 @@ def kit_processes(owner_pid: int | None = None) -> list[psutil.Process]:
 
 
 def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS has no sched_getaffinity
-        return os.cpu_count() or 1
+    """Cores this process may use: its CPU affinity, capped by a container's CPU quota (kit.limits)."""
+    return limits.read().cores
 
 
 class TFCluster(ForeignEngines):
@@ -107,6 +106,7 @@ class TFCluster(ForeignEngines):
         self._owned_sets: list[str] = []  # engine sets started through a user's ipyparallel.Cluster
         self._owned_controller = False
         self._network: _netns.PrivateNetwork | None = None
+        self._oom_kills: int | None = None  # the memory cgroup's OOM-kill count when the run began
         #: Why the tasks' servers are reachable from the network ("" while they are not).
         self.exposed_because = ""
         self.started = False
@@ -142,8 +142,15 @@ class TFCluster(ForeignEngines):
             raise ClusterError("this TFCluster is already started; stop() it first, or "
                                "call restart() for fresh engines")
         _live_clusters.add(self)
+        self._oom_kills = limits.oom_kills()
         try:
             if self.options.engines is None:
+                shortfall = limits.memory_shortfall(len(self.task_names), limits.read())
+                if shortfall:
+                    warnings.warn(f"This cluster will probably not fit in memory: {shortfall}. The kernel "
+                                  "will then kill a task. Fix: fewer tasks (workers=...), or a machine "
+                                  "or session with more memory.", MemoryLimitWarning,
+                                  stacklevel=_caller_outside_kit())
                 self._start_controller()
                 self._start_engines()
             else:
@@ -285,6 +292,7 @@ class TFCluster(ForeignEngines):
                                self._lost)
         names = self._select(tasks)
         name = getattr(fn, "__name__", str(fn))
+        self._oom_kills = limits.oom_kills()
         view = self._client[[self._tasks[n].engine_id for n in names]]
         result = view.apply_async(fn, *args, **kwargs)
         follower = _OutputFollower(names) if stream else None
@@ -297,9 +305,10 @@ class TFCluster(ForeignEngines):
                 if dead:
                     self._lost = dead
                     self._needs_restart = f"the cluster lost {', '.join(dead)}"
+                    oom = self._out_of_memory()
                     raise WorkerError(dead[0], f"its engine process exited while running {name}"
-                                      f"{self._log_tail(dead[0])}",
-                                      failures={n: "process exited" for n in dead})
+                                      f"{oom and ': ' + oom}{self._log_tail(dead[0])}",
+                                      failures={n: oom or "process exited" for n in dead})
                 if any(meta.get("status") == "error" for meta in _as_list(result.metadata)):
                     # one task failed; the others may be blocked in a collective waiting for it
                     if not result.wait(FAILED_PEERS_GRACE_SECONDS):
@@ -489,8 +498,9 @@ class TFCluster(ForeignEngines):
         while len(new_ids) < len(names):
             exited = [n for n in names if not self._engine_running(n)]
             if exited:
+                oom = self._out_of_memory()
                 raise ClusterError(f"the engine of {', '.join(exited)} exited during start-up"
-                                   f"{self._log_tail(exited[0])}", exited)
+                                   f"{oom and ': ' + oom}{self._log_tail(exited[0])}", exited)
             if time.monotonic() > deadline:
                 break
             wait_for_one_more_engine(self._client, self.log)  # then check processes and deadline
@@ -564,6 +574,19 @@ class TFCluster(ForeignEngines):
             return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
+
+    def _out_of_memory(self) -> str:
+        """How a dead engine died, if the out-of-memory killer did it ("" otherwise): with the numbers."""
+        now = limits.oom_kills()
+        if now is None or self._oom_kills is None or now <= self._oom_kills:
+            return ""
+        here = limits.read()
+        limit = (f"the memory limit here is {here.memory_limit / 2**30:.1f} GiB ({here.memory_limit_from})"
+                 if here.memory_limit else "the machine ran out of memory")
+        return (f"killed by the out-of-memory killer ({now - self._oom_kills} kill(s) in this memory "
+                f"cgroup since the run began); {limit}, for the kernel and {len(self.task_names)} task(s) of "
+                f"about {limits.TASK_MEMORY_MB} MB each while they train. Fix: fewer tasks or a smaller "
+                "batch, or a machine or session with more memory")
 
     def _log_tail(self, name: str, lines: int = 15) -> str:
         launcher = self._launcher(name)
@@ -639,7 +662,10 @@ class TFCluster(ForeignEngines):
             if isinstance(value, BaseException):
                 ename = getattr(value, "ename", type(value).__name__)
                 evalue = getattr(value, "evalue", str(value))
-                failures[name] = (f"{ename}: {evalue}", _ANSI.sub("", getattr(value, "traceback", "") or ""))
+                error = f"{ename}: {evalue}"
+                if ename == "EngineError":  # the controller saw the engine die before the kit did
+                    error += f"; {self._out_of_memory() or 'its process exited'}"
+                failures[name] = (error, _ANSI.sub("", getattr(value, "traceback", "") or ""))
                 order.append((meta.get("completed") or meta.get("received") or 0, name))
         if failures:
             first = min(order, key=lambda item: (str(item[0]), names.index(item[1])))[1]

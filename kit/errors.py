@@ -71,3 +71,8 @@ class FailuresExhaustedError(KitError, RuntimeError):
 class ExposedPortsWarning(UserWarning):
     """A cluster's TensorFlow servers can be reached from other hosts (they accept any op from anyone
     who connects); the message names the ports and what to do (README, Security)."""
+
+
+class MemoryLimitWarning(UserWarning):
+    """A cluster about to start will probably not fit in this machine's (or container's) memory limit;
+    the message gives the numbers and the fix (:mod:`kit.limits`)."""
