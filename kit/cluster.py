@@ -107,6 +107,8 @@ class TFCluster(ForeignEngines):
         self._owned_controller = False
         self._network: _netns.PrivateNetwork | None = None
         self._oom_kills: int | None = None  # the memory cgroup's OOM-kill count when the run began
+        #: Each task's whole output (stdout and stderr lines, nothing hidden) of the last run, by task name.
+        self.output: dict[str, str] = {}
         #: Why the tasks' servers are reachable from the network ("" while they are not).
         self.exposed_because = ""
         self.started = False
@@ -295,12 +297,11 @@ class TFCluster(ForeignEngines):
         self._oom_kills = limits.oom_kills()
         view = self._client[[self._tasks[n].engine_id for n in names]]
         result = view.apply_async(fn, *args, **kwargs)
-        follower = _OutputFollower(names) if stream else None
+        follower = _OutputFollower(names, show=stream, quiet=self.options.tf_logs == "quiet")
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while not result.wait(0.2):
-                if follower:
-                    follower.update(result)
+                follower.update(result)
                 dead = self._dead_tasks(names)
                 if dead:
                     self._lost = dead
@@ -323,10 +324,10 @@ class TFCluster(ForeignEngines):
                     raise ClusterError(f"run of {name} timed out after {timeout:g}s; call "
                                        "cluster.restart() before the next run", names)
         finally:
-            if follower:
-                if result.ready():
-                    result.wait_for_output(timeout=5)  # iopub output may trail the reply a little
-                follower.update(result, final=True)
+            if result.ready():
+                result.wait_for_output(timeout=5)  # iopub output may trail the reply a little
+            follower.update(result, final=True)
+            self.output = follower.output()
         return self._collect(result, names)
 
     def kill(self, task: str, signal: int = signals.SIGKILL) -> None:
@@ -482,6 +483,8 @@ class TFCluster(ForeignEngines):
             # at least 2: with one inter-op thread, ParameterServerStrategy steps hang forever
             "TF_NUM_INTEROP_THREADS": str(max(2, threads)),
             "OMP_NUM_THREADS": str(threads),
+            # C++ log lines after TensorFlow's start-up: warnings and errors only, unless tf_logs="all"
+            **({"TF_CPP_MIN_LOG_LEVEL": "2"} if self.options.tf_logs == "quiet" else {}),
             # glibc gives each busy thread its own malloc arena; TensorFlow's many threads then hold
             # on to ~100 MB per worker that two arenas do not (docs/performance.md, change 9)
             "MALLOC_ARENA_MAX": "2",
@@ -728,13 +731,30 @@ def _reap(pids: list[int], log: logging.Logger, timeout: float = 10.0) -> None:
     psutil.wait_procs(alive, timeout=timeout)
 
 
-class _OutputFollower:
-    """Prints each task's new stdout/stderr lines as they arrive, prefixed by the task's name."""
+#: TensorFlow's start-up lines that say nothing to a learner: written by its C++ layer before its log
+#: settings are read (so TF_CPP_MIN_LOG_LEVEL cannot silence them), on every import, on every task.
+STARTUP_NOISE = re.compile("|".join([
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$",
+    r"I\d{4} [\d:.]+\s+\d+ \S+:\d+\] ",  # C++ INFO lines (oneDNN, cuda drivers, cpu_feature_guard, ...)
+    r"E\d{4} [\d:.]+\s+\d+ cuda_\w+\.cc:\d+\] failed call to cuInit",  # no GPU on this machine
+    r"To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.$",
+]))
 
-    def __init__(self, names: list[str]):
+
+class _OutputFollower:
+    """Prints each task's new stdout/stderr lines as they arrive, prefixed by the task's name
+    (``show``), without TensorFlow's start-up noise (``quiet``); keeps every line, hidden or not."""
+
+    def __init__(self, names: list[str], show: bool = True, quiet: bool = True):
         self.names = names
+        self.show = show
+        self.quiet = quiet
         self.offsets = {(n, s): 0 for n in names for s in ("stdout", "stderr")}
         self.partial = {key: "" for key in self.offsets}
+        self.lines: dict[str, list[str]] = {n: [] for n in names}
+
+    def output(self) -> dict[str, str]:
+        return {name: "\n".join(lines) for name, lines in self.lines.items()}
 
     def update(self, result: Any, final: bool = False) -> None:
         for stream_name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
@@ -751,5 +771,8 @@ class _OutputFollower:
                 self.partial[key] = rest
                 for line in lines:
                     shown = line.rsplit("\r", 1)[-1]  # progress bars redraw with \r: keep the last
-                    if shown.strip():
+                    if not shown.strip():
+                        continue
+                    self.lines[name].append(shown)
+                    if self.show and not (self.quiet and STARTUP_NOISE.match(shown)):
                         print(f"[{name}] {shown}", file=stream, flush=True)

@@ -51,6 +51,10 @@ class ClusterOptions:
                             "; ".join(f"'{k}': {v}" for k, v in ISOLATION_CHOICES.items()) +
                             ". Default: $KIT_ISOLATION, else 'auto'.",
                             default_factory=lambda: os.environ.get("KIT_ISOLATION", "auto"))
+    tf_logs: str = _field("quiet", "TensorFlow's log lines in each task's output: 'quiet' hides its C++ "
+                                   "start-up lines (oneDNN, CUDA drivers, CPU features; they stay in "
+                                   "cluster.output) and sets TF_CPP_MIN_LOG_LEVEL=2 (C++ warnings and errors "
+                                   "only); 'all' shows everything.")
     start_timeout: float = _field(60.0, "Seconds to wait for every engine to register and "
                                         "report its TF_CONFIG before giving up.")
     env: dict = _field(None, "Extra environment variables for every task, e.g. "
@@ -82,6 +86,9 @@ class ClusterOptions:
         if not (isinstance(self.start_timeout, (int, float)) and self.start_timeout > 0):
             raise OptionError("start_timeout", f"{self.start_timeout!r} is not a positive number",
                               "give seconds, e.g. start_timeout=60")
+        if self.tf_logs not in ("quiet", "all"):
+            raise OptionError("tf_logs", f"{self.tf_logs!r} is neither 'quiet' nor 'all'",
+                              "tf_logs='all' shows TensorFlow's start-up lines; 'quiet' (the default) hides them")
         if self.isolation not in ISOLATION_CHOICES:
             raise OptionError("isolation", f"{self.isolation!r} is not a known choice (from the "
                               "argument or $KIT_ISOLATION)", f"use one of {', '.join(ISOLATION_CHOICES)}")

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO, broken_startup, kit_processes
 from kit import tfconfig
-from kit.cluster import TFCluster, _usable_cores
+from kit.cluster import STARTUP_NOISE, TFCluster, _usable_cores
 from kit.errors import ClusterError, ExposedPortsWarning, OptionError, WorkerError
 
 
@@ -50,6 +50,7 @@ def wait_until_gone(pids, timeout):
                                             ({"workers": 0}, "workers"), ({"ps": 1.5}, "ps"),
                                             ({"chief": "yes"}, "chief"), ({"keras": "keras2"}, "keras"),
                                             ({"threads": 0}, "threads"), ({"start_timeout": 0}, "start_timeout"),
+                                            ({"tf_logs": "some"}, "tf_logs"),
                                             ({"worker": 2}, "worker")])
 def test_bad_options_name_the_field(options, field):
     with pytest.raises(OptionError) as info:
@@ -116,6 +117,34 @@ def test_output_is_streamed_with_the_task_name(two_workers, capsys):
     assert "[worker:1] done" in captured.err and "progress" not in captured.err
     two_workers.run(chatty, stream=False)
     assert "hello" not in capsys.readouterr().out
+
+
+def test_tensorflow_start_up_noise_is_hidden_but_kept(make_cluster, capsys, monkeypatch):
+    """TensorFlow's C++ start-up lines (written before TF_CPP_MIN_LOG_LEVEL is read) are not shown;
+    what the task prints is, and cluster.output keeps every line. tf_logs="all" shows them."""
+    # ipykernel forwards what C libraries write to the file descriptors, as in JupyterLab, except
+    # when it sees PYTEST_CURRENT_TEST in its environment (the engines inherit the test's)
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    def import_tensorflow():
+        import os
+        import tensorflow as tf
+        print(f"TensorFlow {tf.__version__} on {os.environ['KIT_TASK']}, log level {os.environ.get('TF_CPP_MIN_LOG_LEVEL')}")
+
+    quiet = make_cluster(workers=1)
+    quiet.run(import_tensorflow)
+    first = quiet.output["worker:0"]
+    quiet.run(print, "next")  # lines written to the file descriptor may trail into the next run
+    kept = first + "\n" + quiet.output["worker:0"]
+    shown = capsys.readouterr()
+    assert "[worker:0] TensorFlow 2.21" in shown.out and "log level 2" in shown.out
+    noise = [line for line in kept.splitlines() if STARTUP_NOISE.match(line)]
+    assert any("absl::InitializeLog" in line for line in noise), kept  # there was noise ...
+    assert not [line for line in shown.err.splitlines() if STARTUP_NOISE.match(line.partition("] ")[2])]
+    assert "absl::InitializeLog" not in shown.err and "cpu_feature_guard" not in shown.err  # ... not shown
+    loud = make_cluster(workers=1, tf_logs="all")
+    loud.run(import_tensorflow)
+    loud.run(print, "next")
+    assert "absl::InitializeLog" in capsys.readouterr().err
 
 
 def test_an_exception_names_its_task_with_the_remote_traceback(two_workers):
