@@ -33,8 +33,8 @@ key="horovod-$HOROVOD_VERSION-tf$tf_version-$py_tag-patch-$patch_hash"
 wheel_dir="$CACHE/$key"
 
 marker="$("$PYTHON" -c "import sys; print(sys.prefix)")/.horovod-wheel"
-if [ "$installed" = "$HOROVOD_VERSION" ] && [ "$(cat "$marker" 2>/dev/null)" = "$key" ]; then
-    exit 0  # this environment has the wheel of this very cache key
+if [ "$installed" = "$HOROVOD_VERSION" ] && [ "$(cat "$marker" 2>/dev/null)" = "$wheel_dir" ]; then
+    exit 0  # this environment has the wheel of this very cache entry
 fi
 
 wheel=$(ls "$wheel_dir"/horovod-*.whl 2>/dev/null | head -n 1 || true)
@@ -84,4 +84,4 @@ fi
 # Horovod's own requirements (cloudpickle, psutil, pyyaml, packaging) come with the kit's pins already
 "$PYTHON" -m pip install --quiet --force-reinstall --no-deps "$wheel"
 "$PYTHON" -m pip check >/dev/null || { "$PYTHON" -m pip check >&2; say "Horovod's requirements are not met (above)"; exit 1; }
-echo "$key" >"$marker"
+echo "$wheel_dir" >"$marker"
