@@ -19,14 +19,16 @@ COMPRESSIONS = ("none", "fp16")
 
 def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: int = 70,
                 learning_rate: float = 0.001, compression: str = "none", scale_learning_rate: bool = True,
-                seed: int = 42, verbose: int = 2, checkpoint_dir: str | None = None) -> dict[str, Any]:
+                seed: int = 42, verbose: int = 2, checkpoint_dir: str | None = None,
+                steps_per_execution: int = 1) -> dict[str, Any]:
     """hvd.init(), the data sharded by rank, learning rate × size (``scale_learning_rate``),
     hvd.DistributedOptimizer (``compression="fp16"``: gradients all-reduced in float16), the initial
     variables broadcast from rank 0, checkpoints (``checkpoint_dir``) and progress on rank 0 only.
 
     Examples/s is the steady state (epochs after the first) of the whole job: per-worker batch ×
     size per second. ``weights_checksum`` (sum of every weight) lets the caller check that the ranks
-    ended with identical models.
+    ended with identical models. ``steps_per_execution=k`` runs k steps per call into TensorFlow
+    (fewer Python round trips; the all-reduces stay one per step).
     """
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression={compression!r} is unknown; use one of {', '.join(map(repr, COMPRESSIONS))}")
@@ -43,7 +45,8 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
     model = models.build_and_compile_cnn_model(learning_rate=rate)
     optimizer = hvd.DistributedOptimizer(
         model.optimizer, compression=hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none)
-    model.compile(loss=model.loss, optimizer=optimizer, metrics=["accuracy"])
+    model.compile(loss=model.loss, optimizer=optimizer, metrics=["accuracy"],
+                  steps_per_execution=steps_per_execution)
     epoch_seconds: list[float] = []
 
     class EpochTimer(tf.keras.callbacks.Callback):

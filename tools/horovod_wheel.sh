@@ -53,6 +53,11 @@ if [ -z "$wheel" ]; then
             exit 1
         fi
     fi
+    "$PYTHON" -c "import setuptools, wheel" 2>/dev/null || {
+        say "building Horovod without build isolation needs setuptools and wheel in $PYTHON's environment."
+        say "Fix: $PYTHON -m pip install setuptools wheel, then run make again."
+        exit 1
+    }
     work=$(mktemp -d "${TMPDIR:-/tmp}/kit-horovod-build.XXXXXX")
     trap 'rm -rf "$work"' EXIT
     say "no cached wheel $key: building it (about 5 minutes on 2 cores)"
