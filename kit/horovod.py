@@ -229,6 +229,15 @@ def start_rendezvous(bind: str, plan: list[dict[str, Any]]) -> int:
     return server.server_address[1]
 
 
+def listening_addresses(port: int) -> list[str]:
+    """The addresses this process listens on at TCP ``port`` (run it on an engine: it sees the engine's
+    own network namespace, which the driving process may not share)."""
+    import psutil
+
+    return sorted(c.laddr.ip for c in psutil.Process().net_connections(kind="tcp")
+                  if c.status == psutil.CONN_LISTEN and c.laddr.port == port)
+
+
 def set_horovod_environment(env: dict[str, str], rendezvous_address: str) -> dict[str, str]:
     """Give this engine its Horovod variables (and Gloo's interface) in place of TF_CONFIG; return them.
 
