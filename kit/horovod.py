@@ -229,6 +229,47 @@ def start_rendezvous(bind: str, plan: list[dict[str, Any]]) -> int:
     return server.server_address[1]
 
 
+def run_horovodrun(args: list[str], time_limit: float = 120.0) -> dict[str, Any]:
+    """Run ``horovodrun *args`` on this engine and wait for it; for elastic Horovod, whose driver must own
+    the training processes (notebook 09).
+
+    Its servers and processes are this engine's (children, in its network namespace), without the
+    engine's own Horovod settings or TF_CONFIG. Bounded by ``time_limit`` seconds: then the whole
+    process group is killed and RuntimeError says so. Returns the exit code, the output (stdout and
+    stderr, the last 20,000 characters), the seconds it took, and the pids of any process it started
+    that was still alive 10 s after horovodrun exited (they are killed, so none is left behind).
+    """
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    before = {child.pid for child in psutil.Process().children(recursive=True)}  # e.g. ipyparallel's nanny
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_") and k != "TF_CONFIG"}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # "python" = this one
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "horovod.runner.launch", *map(str, args)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=time_limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise RuntimeError(f"horovodrun did not finish within {time_limit:g}s (time_limit=); it was killed. "
+                           f"Its last output:\n{output[-3000:]}") from None
+    finally:
+        children = [c for c in psutil.Process().children(recursive=True) if c.pid not in before]
+        _, alive = psutil.wait_procs(children, timeout=10)
+        for child in alive:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                continue  # exited just now
+    return {"returncode": proc.returncode, "output": output[-20000:], "seconds": time.monotonic() - started,
+            "children_left": [child.pid for child in alive]}
+
+
 def listening_addresses(port: int) -> list[str]:
     """The addresses this process listens on at TCP ``port`` (run it on an engine: it sees the engine's
     own network namespace, which the driving process may not share)."""
