@@ -192,7 +192,7 @@ def test_a_run_killed_from_outside_fails_on_that_rank(make_horovod):
     from kit.horovod_training import train_mnist
 
     cluster = make_horovod(workers=2)
-    timer = threading.Timer(8.0, cluster.kill, args=("worker:1",))
+    timer = threading.Timer(4.0, cluster.kill, args=("worker:1",))
     timer.start()
     try:
         with pytest.raises(WorkerError) as info:
@@ -225,3 +225,18 @@ def test_why_keras3_is_refused_horovods_optimizer_does_not_average_under_it(make
     (keras0, weights0), (keras1, weights1) = cluster.run(keras3_ranks, stream=False)
     assert keras0.startswith("keras") and not keras0.startswith("tf_keras")
     assert abs(weights0 - weights1) > 1e-3, "under Keras 3 the ranks kept identical weights: lift the refusal"
+
+
+def test_horovodrun_past_its_time_limit_is_killed_with_everything_it_started():
+    from kit.horovod import run_horovodrun
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="time_limit"):
+        run_horovodrun(["--gloo", "-np", "1", "python", "-c", "import time; time.sleep(120)"], time_limit=8)
+    assert time.monotonic() - started < 60
+    left = [p for p in psutil.Process().children(recursive=True)
+            if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, [p.cmdline() for p in left]
+    done = run_horovodrun(["--gloo", "-np", "1", "python", "-c", "print('hello from rank', 0)"], time_limit=60)
+    assert done["returncode"] == 0 and "hello from rank 0" in done["output"] and not done["children_left"]
