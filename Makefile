@@ -4,15 +4,21 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit notebooks lab bench faults compat clean
+.PHONY: demo test unit notebooks lab bench faults compat horovod clean
 
 LAB_STAMP := $(VENV)/.installed-lab
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tools/horovod_wheel.sh patches/horovod-0.28.1-tf2.21.patch
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	bash tools/horovod_wheel.sh $(BIN)/python
 	touch $(STAMP)
+
+# Horovod 0.28.1 from PyPI's sdist + patches/ (TensorFlow 2.21), built once into
+# ~/.cache/kit/wheels (needs cmake and g++; about 5 minutes on 2 cores), then reused
+horovod: $(STAMP)
+	bash tools/horovod_wheel.sh $(BIN)/python
 
 $(LAB_STAMP): $(STAMP)  # JupyterLab only for `make lab` (the tests run notebooks without it)
 	$(BIN)/python -m pip install --quiet -e '.[dev,lab]'

@@ -11,14 +11,15 @@ from .errors import (ClusterError, ExposedPortsWarning, FailuresExhaustedError, 
                      MemoryLimitWarning, OptionError, TFConfigError, WorkerError)
 
 __version__ = "0.1.0"
-__all__ = ["TFCluster", "ClusterOptions", "TaskInfo", "KitError", "TFConfigError", "ClusterError",
-           "OptionError", "WorkerError", "FailuresExhaustedError", "ExposedPortsWarning", "MemoryLimitWarning", "import_tensorflow", "tfconfig", "data", "models", "training"]
+__all__ = ["TFCluster", "HorovodCluster", "ClusterOptions", "TaskInfo", "KitError", "TFConfigError",
+           "ClusterError", "OptionError", "WorkerError", "FailuresExhaustedError", "ExposedPortsWarning",
+           "MemoryLimitWarning", "import_tensorflow", "tfconfig", "data", "models", "training"]
 
-_LAZY = {"TFCluster": "cluster", "ClusterOptions": "options", "TaskInfo": "options",
+_LAZY = {"TFCluster": "cluster", "HorovodCluster": "horovod", "ClusterOptions": "options", "TaskInfo": "options",
          "import_tensorflow": "_tf"}
 _SUBMODULES = {"tfconfig", "data", "models", "training", "cluster", "options", "attach", "results", "plots", "experiments",
                "scaling", "mirrored", "multiworker", "sharding", "checkpoints", "probes", "resilience",
-               "ps", "custom_loop", "compat", "bench", "fault_trials", "limits"}
+               "ps", "custom_loop", "compat", "bench", "fault_trials", "limits", "horovod", "horovod_training"}
 
 
 def __getattr__(name: str) -> Any:

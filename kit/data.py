@@ -82,17 +82,23 @@ def _tf():
 
 
 def mnist_dataset(global_batch_size: int, *, path: str | os.PathLike | None = None,
-                  shuffle_seed: int | None = None, train: bool = True, repeat: bool = True):
+                  shuffle_seed: int | None = None, train: bool = True, repeat: bool = True,
+                  shard: tuple[int, int] | None = None):
     """The seeds' training pipeline: ``shuffle(60000).repeat().batch(global_batch_size)``.
 
     Images are cast to float32 in [0, 1] per batch, so only the uint8 copy lives in memory. What is
     shuffled is the example *indices* (the same permutation, so the same batches, as shuffling the
     examples), and each batch is gathered from the uint8 arrays held once per process (see
     :func:`_resident_arrays`). ``train=False`` gives the test set (not shuffled, not repeated).
+    ``shard=(count, index)`` keeps every count-th example from the index-th (Horovod's sharding by rank:
+    with one ``shuffle_seed`` on every rank, the ranks read disjoint examples).
     """
     if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
         raise KitError(f"global_batch_size={global_batch_size!r}: it must be a whole number >= 1. "
                        "Fix: pass per-worker batch × number of workers, e.g. 64 * 2")
+    if shard is not None and not (isinstance(shard, tuple) and len(shard) == 2 and 0 <= shard[1] < shard[0]):
+        raise KitError(f"shard={shard!r}: it must be (count, index) with 0 <= index < count. "
+                       "Fix: e.g. shard=(hvd.size(), hvd.rank())")
     tf = _tf()
     images, labels = _resident_arrays(mnist_path(path), train)
 
@@ -105,6 +111,8 @@ def mnist_dataset(global_batch_size: int, *, path: str | os.PathLike | None = No
     dataset = dataset.shuffle(int(images.shape[0]), seed=shuffle_seed)
     if repeat:
         dataset = dataset.repeat()
+    if shard is not None:
+        dataset = dataset.shard(*shard)
     return dataset.batch(global_batch_size).map(gather, num_parallel_calls=tf.data.AUTOTUNE)
 
 

@@ -49,3 +49,14 @@ def test_missing_figures_are_left_out_not_invented():
 def test_table_lists_each_batch_and_goal():
     text = format_report({**report(), "goals": check_goals(report())})
     assert "6000" in text and "0.95" in text and "NOT met" in text and "notebook 01-b" in text
+
+
+def test_the_fastest_two_worker_variant_is_judged_and_horovod_has_its_columns():
+    loaded = report()
+    loaded["throughput"][64]["examples_per_second"]["2 Horovod"] = 3000.0
+    loaded["throughput"][64]["efficiency_horovod"] = 0.5
+    goals = check_goals(loaded)
+    assert goals["efficiency_64_fastest"] == {"value": 0.5, "target": ">= 0.4", "met": True}
+    text = format_report({**loaded, "goals": goals})
+    assert "2 Horovod" in text and "3000" in text and "0.50" in text
+    assert "2 Horovod fp16" not in text  # not measured: no column

@@ -116,6 +116,26 @@ def test_inside_a_traced_function_or_a_strategy_scope_the_arrays_are_constants(t
     assert len(kinds) >= 2 and not any("Variable" in kind for kind in kinds)
 
 
+def test_sharding_by_rank_splits_each_global_batch_between_the_ranks(tmp_path):
+    """shard=(size, rank) with one seed: the ranks' batches of one step together are the unsharded batch
+    of that step (what Horovod's ranks and MultiWorkerMirroredStrategy's workers each see)."""
+    path = tmp_path / "m.npz"
+    images = np.zeros((40, 28, 28), dtype=np.uint8)
+    np.savez(path, x_train=images, y_train=np.arange(40), x_test=images, y_test=np.arange(40))  # label = id
+    whole = data.mnist_dataset(16, path=path, shuffle_seed=5)
+    ranks = [data.mnist_dataset(8, path=path, shuffle_seed=5, shard=(2, rank)) for rank in (0, 1)]
+    for step, ((_, labels), (_, first), (_, second)) in enumerate(zip(whole.take(5), *ranks)):  # 2 epochs
+        assert sorted(labels.numpy()) == sorted([*first.numpy(), *second.numpy()])
+        if step < 2:  # within the first epoch (a batch across the epoch's end may hold an example twice)
+            assert not set(first.numpy()) & set(second.numpy())
+
+
+@pytest.mark.parametrize("shard", [(2, 2), (0, 0), (2, -1), [2, 0]])
+def test_bad_shard_names_the_fix(shard):
+    with pytest.raises(KitError, match="shard=.*hvd.size"):
+        data.mnist_dataset(8, shard=shard)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_bad_batch_size(bad):
     with pytest.raises(KitError, match="global_batch_size"):
