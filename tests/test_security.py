@@ -343,3 +343,41 @@ def test_papermill_kernels_listen_on_loopback_only():
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def horovod_ports() -> list[int]:
+    """On each rank: hvd.init() and one all-reduce (Gloo's ring is up); every TCP port this task listens
+    on, as it sees them (the rendezvous server on rank 0, Gloo's sockets)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    assert float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum)) == hvd.size()
+    listening = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # LISTEN
+                    listening.add(int(fields[1].rpartition(":")[2], 16))
+    return sorted(listening)
+
+
+@pytest.mark.slow
+def test_horovod_ranks_are_not_reachable_from_another_host(attacker, no_leaks):
+    """Horovod's rendezvous server (on rank 0's engine) and its Gloo ring live in the private network too."""
+    from test_horovod import HOROVOD_MISSING, MISSING
+
+    if HOROVOD_MISSING:
+        if os.geteuid() == 0:
+            pytest.fail(MISSING)  # as root (CI) `make test` builds it
+        pytest.skip(MISSING)
+    from kit.horovod import HorovodCluster
+
+    with HorovodCluster(workers=2, env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
+        ports = sorted({port for ranks in cluster.run(horovod_ports, stream=False) for port in ranks})
+        assert cluster.rendezvous[1] in ports and len(ports) > 1, (cluster.rendezvous, ports)  # + Gloo
+        print("listening in the private network:", ports)
+        assert not listening_here(ports), "a rank listens in the host's network namespace"
+        results, _ = attacker.attack(attacker.targets(ports), "/nonexistent")
+    assert results and all("ConnectionRefused" in row["connect"] for row in results), results
