@@ -78,7 +78,6 @@ def test_tasks_describe_each_engine(two_workers):
 def test_each_engine_has_its_tf_config_and_environment_before_tensorflow(two_workers):
     def environment():
         import os
-        import sys
         return {k: os.environ.get(k) for k in ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "TF_NUM_INTRAOP_THREADS",
                                                "OMP_NUM_THREADS", "KIT_TASK")} | {"pid": os.getpid()}
 

@@ -11,14 +11,12 @@ import subprocess
 import sys
 import textwrap
 import uuid
-import warnings
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
 from kit import limits
-from kit.cluster import TFCluster
 from kit.errors import MemoryLimitWarning
 
 GiB = 2**30

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import time
 
 import pytest
