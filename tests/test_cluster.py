@@ -248,6 +248,39 @@ def test_interpreter_exit_without_stop_ends_everything(tmp_path, no_leaks):
     wait_until_gone(pids, timeout=10)
 
 
+@pytest.mark.parametrize("how", ["shutdown", "kill"])
+def test_no_kit_process_outlives_its_notebook_kernel(how, no_leaks):
+    """A Jupyter kernel (as JupyterLab, papermill and nbval start one) starts a cluster and is shut down
+    or killed: the controller, the engines and the network holder all end."""
+    from jupyter_client.manager import start_new_kernel
+
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(REPO))
+    outputs: list[dict] = []
+    try:
+        reply = client.execute_interactive(
+            "import json, psutil, kit\ncluster = kit.TFCluster(workers=2).start()\n"
+            "print(json.dumps([p.pid for p in psutil.Process().children(recursive=True)]))",
+            timeout=120, output_hook=lambda msg: outputs.append(msg))
+        kernel_pid = manager.provisioner.process.pid
+    except Exception:
+        manager.shutdown_kernel(now=True)
+        raise
+    finally:
+        client.stop_channels()
+    assert reply["content"]["status"] == "ok", reply["content"]
+    pids = json.loads(next(m["content"]["text"] for m in outputs if m["msg_type"] == "stream"
+                           and m["content"]["text"].startswith("[")))
+    names = [" ".join(psutil.Process(p).cmdline()[1:4]) for p in pids]
+    assert any("kit._netns" in n for n in names) and sum("ipyparallel.engine" in n for n in names) >= 2, names
+    if how == "shutdown":
+        manager.shutdown_kernel(now=False)  # a polite shutdown: atexit stops the cluster
+    else:
+        os.kill(kernel_pid, signal.SIGKILL)  # no atexit: the lifelines must do it
+        manager.shutdown_kernel(now=True)
+    wait_until_gone(pids, timeout=20)
+    assert not kit_processes(kernel_pid)
+
+
 def test_a_killed_task_fails_the_run_then_restart_gives_fresh_engines(make_cluster):
     cluster = make_cluster(workers=2)
     old = {t.name: t for t in cluster.tasks}
