@@ -26,6 +26,8 @@ import threading
 import psutil
 
 ENV_VAR = "KIT_LIFELINE"
+#: An engine's variable naming the holder of its cluster's private network (kit._netns), "pid:start_time".
+NETNS_ENV_VAR = "KIT_NETNS"
 POLL_SECONDS = 0.5
 
 
@@ -87,7 +89,7 @@ def _start_thread(watched: list[tuple[int, float]], stop: threading.Event) -> No
 def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m kit._lifeline MODULE [ARGS...]")
-    netns = os.environ.get("KIT_NETNS")
+    netns = os.environ.get(NETNS_ENV_VAR)
     if netns:  # an engine of a local cluster: into the cluster's private network first (kit._netns),
         from . import _netns  # while this process has one thread, as joining a user namespace needs
 

@@ -31,9 +31,10 @@ import threading
 
 from . import _lifeline
 
-ENV_VAR = "KIT_NETNS"
+ENV_VAR = _lifeline.NETNS_ENV_VAR
 READY = "ready"
-#: How long the holder may take to make the namespace (measured: ~0.1 s; Python start-up dominates).
+#: How long the holder may take to make the namespace (measured: 43-64 ms, mostly Python's start-up;
+#: docs/performance.md, change 12).
 START_TIMEOUT_S = 10.0
 
 _CLONE_NEWUSER = 0x10000000

@@ -82,14 +82,6 @@ def memory_shortfall(tasks: int, limits: Limits) -> str:
             f"({limits.memory_limit_from}) and {used / 2**30:.1f} GiB of it is in use")
 
 
-def describe(limits: Limits) -> str:
-    """One line for a person: the limits that bind."""
-    cpu = f"{limits.cores} core(s)" + (f" (quota {limits.cpu_quota:g})" if limits.cpu_quota else "")
-    memory = (f"{limits.memory_limit / 2**30:.1f} GiB memory ({limits.memory_limit_from})"
-              if limits.memory_limit else "no memory limit found")
-    return f"{cpu}, {memory}"
-
-
 # ----- reading cgroups ------------------------------------------------------------------------------
 def _affinity() -> int:
     try:
