@@ -19,7 +19,8 @@ _LAZY = {"TFCluster": "cluster", "HorovodCluster": "horovod", "ClusterOptions": 
          "import_tensorflow": "_tf"}
 _SUBMODULES = {"tfconfig", "data", "models", "training", "cluster", "options", "attach", "results", "plots", "experiments",
                "scaling", "mirrored", "multiworker", "sharding", "checkpoints", "probes", "resilience",
-               "ps", "custom_loop", "compat", "bench", "fault_trials", "limits", "horovod", "horovod_training"}
+               "ps", "custom_loop", "compat", "bench", "fault_trials", "limits", "horovod", "horovod_training",
+               "view", "progress"}
 
 
 def __getattr__(name: str) -> Any:

@@ -185,8 +185,10 @@ def notebook_times(notebooks: list[Path]) -> dict[str, float]:
     import nbformat
     from nbclient import NotebookClient
 
+    from .view import text_in_kernels_started_here
+
     times = {}
-    with tempfile.TemporaryDirectory(prefix="kit-bench-nb-") as out:
+    with tempfile.TemporaryDirectory(prefix="kit-bench-nb-") as out, text_in_kernels_started_here():
         for nb_path in notebooks:
             notebook = nbformat.read(nb_path, as_version=4)
             start = time.perf_counter()

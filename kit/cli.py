@@ -10,6 +10,7 @@ from pathlib import Path
 
 from . import tfconfig
 from .errors import KitError, TFConfigError
+from .view import text_in_kernels_started_here
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO_ROOT / "notebooks"
@@ -60,9 +61,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   "OUT_DIR": str(out)}
     print(f"kit demo: running {DEMO_NOTEBOOK.name} with {parameters} -> {output}", flush=True)
     try:
-        papermill.execute_notebook(str(DEMO_NOTEBOOK), str(output), parameters=parameters,
-                                   cwd=str(NOTEBOOKS), kernel_name="python3",
-                                   progress_bar=False, log_output=args.verbose)
+        with text_in_kernels_started_here():
+            papermill.execute_notebook(str(DEMO_NOTEBOOK), str(output), parameters=parameters,
+                                       cwd=str(NOTEBOOKS), kernel_name="python3",
+                                       progress_bar=False, log_output=args.verbose)
     except papermill.PapermillExecutionError as e:
         print(f"kit demo: the notebook failed in cell {e.exec_count}: {e.ename}: {e.evalue}\n"
               f"The partial notebook, with the error at the top, is at {output}", file=sys.stderr)

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import ipyparallel as ipp
 import psutil
 
-from . import _lifeline, _netns, _remote, limits, tfconfig
+from . import _lifeline, _netns, _remote, limits, tfconfig, view as views
 from .attach import ForeignEngines, wait_for_one_more_engine
 from .errors import (ClusterError, ExposedPortsWarning, FailuresExhaustedError, MemoryLimitWarning, OptionError,
                      WorkerError)
@@ -111,6 +111,8 @@ class TFCluster(ForeignEngines):
         self.output: dict[str, str] = {}
         #: Why the tasks' servers are reachable from the network ("" while they are not).
         self.exposed_because = ""
+        #: The live view of the last :meth:`run` (its ``states()``: each task's last state).
+        self.last_view: views.RunView | None = None
         self.started = False
 
     # ----- public API -------------------------------------------------------------------------
@@ -220,6 +222,21 @@ class TFCluster(ForeignEngines):
         state = "running" if self.started else "stopped"
         return f"<TFCluster {', '.join(self.task_names)} ({state})>"
 
+    def _repr_html_(self) -> str:
+        """The tasks as a table in a notebook: address, pid, and the state of the last run."""
+        if not self.started:
+            return f"<b>TFCluster</b> {', '.join(self.task_names)}: stopped"
+        last = self.last_view.rows if self.last_view is not None else {}
+        rows = []
+        for task in self.tasks:
+            row = views.TaskRow(task.name, address=task.address or task.host, pid=task.pid)
+            if task.name in last and last[task.name].pid == task.pid:
+                row = dataclasses.replace(last[task.name])
+            rows.append(row)
+        network = ("in a private network (unreachable from other hosts)" if not self.exposed_because
+                   else f"reachable from the network: {self.exposed_because}")
+        return views.render_html(f"TFCluster, {len(rows)} tasks, {network}", rows)
+
     def run(self, fn: Callable, *args: Any, tasks: list[str] | None = None,
             timeout: float | None = None, stream: bool = True, max_failures: int = 0,
             on_restart: Callable[["TFCluster"], Any] | None = None, **kwargs: Any) -> list:
@@ -241,10 +258,14 @@ class TFCluster(ForeignEngines):
             raise OptionError("max_failures", f"{max_failures!r} is not a whole number >= 0",
                               "e.g. max_failures=2 restarts the cluster at most twice")
         name = getattr(fn, "__name__", str(fn))
+        self._require_started()
+        names = self._select(tasks)
+        self.last_view = live = views.RunView(f"{name} on {', '.join(names)}", [self._tasks[n] for n in names],
+                                              mode=views.choose(self.options.view), show_lines=stream)
         failures: list[Failure] = []
         while True:
             try:
-                return self._run_once(fn, args, kwargs, tasks, timeout, stream)
+                return self._run_once(fn, args, kwargs, names, timeout, live)
             except (WorkerError, ClusterError) as error:
                 if max_failures == 0:
                     raise
@@ -253,21 +274,21 @@ class TFCluster(ForeignEngines):
                 failures.append(failure)
                 self.failures.append(failure)
                 if len(failures) > max_failures:
-                    print(f"[kit] {failure.task} failed again: {failure.error}; giving up after "
-                          f"{max_failures} restart(s)", file=sys.stderr, flush=True)
+                    live.event(f"{failure.task} failed again: {failure.error}; giving up after "
+                               f"{max_failures} restart(s)")
                     raise FailuresExhaustedError(name, failures) from error
-                print(f"[kit] attempt {failure.attempt}: {failure.task} failed: {failure.error}",
-                      file=sys.stderr, flush=True)
-                print(f"[kit] restarting all {len(self.task_names)} tasks with fresh engines "
-                      f"(restart {len(failures)} of at most {max_failures})", file=sys.stderr, flush=True)
-                self._supervised_restart(failures, max_failures, name)
+                live.event(f"attempt {failure.attempt}: {failure.task} failed: {failure.error}")
+                live.restarting(f"restarting all {len(self.task_names)} tasks with fresh engines "
+                                f"(restart {len(failures)} of at most {max_failures})")
+                self._supervised_restart(failures, max_failures, name, live)
                 if on_restart is not None:
                     on_restart(self)
                 failure.restarted_at = time.time()
-                print(f"[kit] restarted in {failure.restarted_at - failure.failed_at:.1f}s; "
-                      f"running {name} again", file=sys.stderr, flush=True)
+                live.restarted(self.tasks, f"restarted in {failure.restarted_at - failure.failed_at:.1f}s; "
+                                           f"running {name} again")
 
-    def _supervised_restart(self, failures: list["Failure"], max_failures: int, name: str) -> None:
+    def _supervised_restart(self, failures: list["Failure"], max_failures: int, name: str,
+                            live: views.RunView) -> None:
         """Restart until the cluster is up; a restart that fails counts as one more failure."""
         while True:
             try:
@@ -282,31 +303,34 @@ class TFCluster(ForeignEngines):
                                   failed_at=time.time())
                 failures.append(failure)
                 self.failures.append(failure)
-                print(f"[kit] {failure.error}", file=sys.stderr, flush=True)
+                live.event(failure.error)
                 if len(failures) > max_failures:
                     raise FailuresExhaustedError(name, failures) from error
 
-    def _run_once(self, fn: Callable, args: tuple, kwargs: dict, tasks: list[str] | None,
-                  timeout: float | None, stream: bool) -> list:
+    def _run_once(self, fn: Callable, args: tuple, kwargs: dict, names: list[str],
+                  timeout: float | None, live: views.RunView) -> list:
         self._require_started()
         if self._needs_restart:
             raise ClusterError(f"{self._needs_restart}. Call cluster.restart() for fresh engines.",
                                self._lost)
-        names = self._select(tasks)
         name = getattr(fn, "__name__", str(fn))
         self._oom_kills = limits.oom_kills()
-        view = self._client[[self._tasks[n].engine_id for n in names]]
-        result = view.apply_async(fn, *args, **kwargs)
-        follower = _OutputFollower(names, show=stream, quiet=self.options.tf_logs == "quiet")
+        engines = self._client[[self._tasks[n].engine_id for n in names]]
+        result = engines.apply_async(fn, *args, **kwargs)
+        live.submitted(names)
+        follower = _OutputFollower(names, sink=live.line, quiet=self.options.tf_logs == "quiet")
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while not result.wait(0.2):
                 follower.update(result)
+                live.follow(result, names)
                 dead = self._dead_tasks(names)
                 if dead:
                     self._lost = dead
                     self._needs_restart = f"the cluster lost {', '.join(dead)}"
                     oom = self._out_of_memory()
+                    for task in dead:
+                        live.fail(task, oom or "its engine process exited")
                     raise WorkerError(dead[0], f"its engine process exited while running {name}"
                                       f"{oom and ': ' + oom}{self._log_tail(dead[0])}",
                                       failures={n: oom or "process exited" for n in dead})
@@ -321,12 +345,22 @@ class TFCluster(ForeignEngines):
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     self._needs_restart = f"a run of {name} timed out"
-                    raise ClusterError(f"run of {name} timed out after {timeout:g}s; call "
-                                       "cluster.restart() before the next run", names)
+                    running = [n for n, meta in zip(names, _as_list(result.metadata)) if meta.get("status") is None]
+                    finished = [n for n in names if n not in running]
+                    for task in running:
+                        live.fail(task, f"still running after {timeout:g}s (timeout)")
+                    why = (f"; {', '.join(finished)} finished, so {'it is' if len(running) == 1 else 'they are'} "
+                           "probably waiting in a collective (an all-reduce, a save) that the others never "
+                           "joined" if finished else "")
+                    raise ClusterError(f"run of {name} timed out after {timeout:g}s: {', '.join(running)} "
+                                       f"still running{why}. Call cluster.restart() before the next run "
+                                       "(a task stuck in a collective cannot be freed)", running)
         finally:
             if result.ready():
                 result.wait_for_output(timeout=5)  # iopub output may trail the reply a little
             follower.update(result, final=True)
+            live.follow(result, names)
+            live.draw(final=True)
             self.output = follower.output()
         return self._collect(result, names)
 
@@ -742,12 +776,13 @@ STARTUP_NOISE = re.compile("|".join([
 
 
 class _OutputFollower:
-    """Prints each task's new stdout/stderr lines as they arrive, prefixed by the task's name
-    (``show``), without TensorFlow's start-up noise (``quiet``); keeps every line, hidden or not."""
+    """Hands each task's new stdout/stderr lines to ``sink(task, stream, line)`` as they arrive
+    (the live view: a task's log, or printed with the task's name in front), without TensorFlow's
+    start-up noise (``quiet``); keeps every line, hidden or not."""
 
-    def __init__(self, names: list[str], show: bool = True, quiet: bool = True):
+    def __init__(self, names: list[str], sink: Callable[[str, str, str], None], quiet: bool = True):
         self.names = names
-        self.show = show
+        self.sink = sink
         self.quiet = quiet
         self.offsets = {(n, s): 0 for n in names for s in ("stdout", "stderr")}
         self.partial = {key: "" for key in self.offsets}
@@ -757,7 +792,7 @@ class _OutputFollower:
         return {name: "\n".join(lines) for name, lines in self.lines.items()}
 
     def update(self, result: Any, final: bool = False) -> None:
-        for stream_name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+        for stream_name in ("stdout", "stderr"):
             texts = _as_list(getattr(result, stream_name))
             for name, text in zip(self.names, texts):
                 key = (name, stream_name)
@@ -774,5 +809,5 @@ class _OutputFollower:
                     if not shown.strip():
                         continue
                     self.lines[name].append(shown)
-                    if self.show and not (self.quiet and STARTUP_NOISE.match(shown)):
-                        print(f"[{name}] {shown}", file=stream, flush=True)
+                    if not (self.quiet and STARTUP_NOISE.match(shown)):
+                        self.sink(name, stream_name, shown)

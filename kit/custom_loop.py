@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable
 
 from ._tf import import_tensorflow, keras_flavour
+from . import progress
 from .errors import KitError
 
 STRATEGIES = ("default", "mirrored", "multi_worker_mirrored")
@@ -193,15 +194,17 @@ def train_loop(strategy: str = "mirrored", per_replica_batch: int = 32, epochs: 
     iterator = iter(dist.experimental_distribute_dataset(train_data))
     step_loss, epoch_loss, step_start, step_end, local_losses = [], [], [], [], []
     started = time.perf_counter()
-    for _ in range(epochs):
+    meter = progress.Meter(global_batch).begin(epochs, steps_per_epoch)
+    for epoch in range(1, epochs + 1):
         epoch_start = len(step_loss)
-        for _ in range(steps_per_epoch):
+        for step in range(1, steps_per_epoch + 1):
             step_start.append(time.time())
             loss, per_replica = train_step(next(iterator))
             if not local_losses:
                 local_losses = [float(v) for v in dist.experimental_local_results(per_replica)]
             step_loss.append(float(loss))
             step_end.append(time.time())
+            meter.step(epoch, step, step_loss[-1], force=step == steps_per_epoch)
         epoch_loss.append(sum(step_loss[epoch_start:]) / steps_per_epoch)
     train_seconds = time.perf_counter() - started
 
@@ -264,7 +267,8 @@ def train_fit(strategy: str = "mirrored", per_replica_batch: int = 32, epochs: i
     running_means: list[list[float]] = []
     started = time.perf_counter()
     history = model.fit(train_data, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
-                        callbacks=[_batch_recorder(tf, running_means)])
+                        callbacks=[_batch_recorder(tf, running_means),
+                                   progress.callback(global_batch)])
     train_seconds = time.perf_counter() - started
     accuracy = None
     if eval_steps:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from .errors import KitError
+from .view import text_in_kernels_started_here
 
 #: The parameter through which a sweep tells the notebook where to record its metrics.
 RESULTS_PARAMETER = "RESULTS_PATH"
@@ -292,11 +293,12 @@ def sweep(notebook: str | os.PathLike, grid: Mapping[str, Any] | Sequence[Mappin
             started = time.perf_counter()
             error = None
             try:
-                papermill.execute_notebook(
-                    str(source), str(output),
-                    parameters={**run_parameters, RESULTS_PARAMETER: str(metrics_file)},
-                    cwd=workdir, kernel_name=kernel_name, progress_bar=False, log_output=log_output,
-                    **engine_kwargs)
+                with text_in_kernels_started_here():
+                    papermill.execute_notebook(
+                        str(source), str(output),
+                        parameters={**run_parameters, RESULTS_PARAMETER: str(metrics_file)},
+                        cwd=workdir, kernel_name=kernel_name, progress_bar=False, log_output=log_output,
+                        **engine_kwargs)
             except papermill.PapermillExecutionError as e:
                 error = f"cell {e.exec_count}: {e.ename}: {e.evalue}"
             except Exception as e:  # a dead kernel, a timeout: the point fails, the sweep goes on

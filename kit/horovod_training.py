@@ -12,6 +12,7 @@ import statistics
 import time
 from typing import Any
 
+from . import progress
 from ._tf import import_tensorflow, keras_flavour
 
 COMPRESSIONS = ("none", "fp16")
@@ -58,7 +59,8 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
 
     # (not hvd.callbacks.MetricAverageCallback: Horovod 0.28.1 gives it `keras.backend`, which is
     # Keras 3's under TensorFlow 2.21 and has no `constant`; the averages are taken after fit)
-    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), EpochTimer()]
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), EpochTimer(),
+                 progress.callback(per_worker_batch * hvd.size())]
     if checkpoint_dir and hvd.rank() == 0:
         callbacks.append(tf.keras.callbacks.ModelCheckpoint(os.path.join(checkpoint_dir, "ckpt-{epoch}.weights.h5"),
                                                             save_weights_only=True))

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from . import progress
 from ._tf import import_tensorflow
 
 #: ``CommunicationImplementation`` names MultiWorkerMirroredStrategy accepts.
@@ -134,7 +135,8 @@ def train_with_callbacks(model_dir: str, per_worker_batch: int = 64, epochs: int
                                                        save_weights_only=True)
     # at every epoch end, after the callbacks before it: the files under logs/ and ckpt/
     probe = probe_callback(watch={"logs": base / "logs", "ckpt": base / "ckpt"})
-    callbacks = [cb for cb in (board, checkpoint_cb, probe) if cb is not None]
+    live = progress.callback(global_batch, summed_over=workers)  # the notebook's live view
+    callbacks = [cb for cb in (board, checkpoint_cb, probe, live) if cb is not None]
     history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
                         callbacks=callbacks)
     trained = [w.copy() for w in model.get_weights()]

@@ -22,6 +22,13 @@ ISOLATION_CHOICES = {
     "required": "a private network namespace, or a ClusterError saying why there is none",
     "none": "the host's network: every task's server is reachable from other hosts (warned)",
 }
+VIEW_CHOICES = {
+    "auto": "'widget' in a Jupyter kernel with ipywidgets, else 'text'",
+    "widget": "a live table (state, progress, loss, examples/s per task) with each task's log in "
+              "a collapsed panel",
+    "text": "each task's lines prefixed with its name, and its progress every 10 s (papermill, "
+            "nbval, terminals; make test sets KIT_VIEW=text)",
+}
 
 
 def _field(default: Any, help: str, **kwargs: Any) -> Any:
@@ -55,6 +62,10 @@ class ClusterOptions:
                                    "start-up lines (oneDNN, CUDA drivers, CPU features; they stay in "
                                    "cluster.output) and sets TF_CPP_MIN_LOG_LEVEL=2 (C++ warnings and errors "
                                    "only); 'all' shows everything.")
+    view: str = _field(dataclasses.MISSING, "How cluster.run shows the tasks: " +
+                       "; ".join(f"'{k}': {v}" for k, v in VIEW_CHOICES.items()) +
+                       ". Default: $KIT_VIEW, else 'auto'.",
+                       default_factory=lambda: os.environ.get("KIT_VIEW", "auto"))
     start_timeout: float = _field(60.0, "Seconds to wait for every engine to register and "
                                         "report its TF_CONFIG before giving up.")
     env: dict = _field(None, "Extra environment variables for every task, e.g. "
@@ -89,6 +100,9 @@ class ClusterOptions:
         if self.tf_logs not in ("quiet", "all"):
             raise OptionError("tf_logs", f"{self.tf_logs!r} is neither 'quiet' nor 'all'",
                               "tf_logs='all' shows TensorFlow's start-up lines; 'quiet' (the default) hides them")
+        if self.view not in VIEW_CHOICES:
+            raise OptionError("view", f"{self.view!r} is not a known choice (from the argument or "
+                              "$KIT_VIEW)", f"use one of {', '.join(VIEW_CHOICES)}")
         if self.isolation not in ISOLATION_CHOICES:
             raise OptionError("isolation", f"{self.isolation!r} is not a known choice (from the "
                               "argument or $KIT_ISOLATION)", f"use one of {', '.join(ISOLATION_CHOICES)}")

@@ -33,7 +33,15 @@ def files_under(root: str | os.PathLike) -> list[str]:
     base = Path(root)
     if not base.is_dir():
         return []
-    return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())
+
+    def vanished(error: OSError) -> None:
+        # Other tasks delete their temporary checkpoint folders (workertemp_N) while this one
+        # lists the tree: a folder that is gone has no files to list. Anything else is an error.
+        if not isinstance(error, FileNotFoundError):
+            raise error
+
+    return sorted(str((Path(folder) / name).relative_to(base))
+                  for folder, _, names in os.walk(base, onerror=vanished) for name in names)
 
 
 def _learning_rate(model: Any) -> float | None:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import progress
 from ._tf import import_tensorflow
 
 
@@ -29,6 +30,12 @@ class Preempted(RuntimeError):
 def task_name() -> str:
     """This engine's task name (``KIT_TASK``), or ``local`` outside a kit cluster."""
     return os.environ.get("KIT_TASK", "local")
+
+
+def chief_task() -> str:
+    """The chief of this engine's cluster: ``chief:0`` if ``TF_CONFIG`` has a chief, else ``worker:0``."""
+    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    return "chief:0" if cluster.get("chief") else "worker:0"
 
 
 # ----- the journal ---------------------------------------------------------------------------------
@@ -135,11 +142,16 @@ def fire_once(run_dir: str | os.PathLike, name: str) -> bool:
 
 
 def kill_at_step_callback(run_dir: str | os.PathLike, task: str, global_step: int,
-                          sig: int = signals.SIGKILL):
+                          sig: int = signals.SIGKILL, after_task: str | None = None,
+                          timeout: float = 120.0):
     """A Keras callback that sends ``sig`` to its own process on ``task`` after ``global_step``.
 
     Fires once per run directory, so the resumed run passes the same step. The journal records
-    the kill time just before the signal.
+    the kill time just before the signal. With ``after_task`` (the chief), the kill waits until
+    that task's journal records the step: its callbacks journal a step after BackupAndRestore has
+    written that step's backup, so the failure lands after the backup is on disk. Without the
+    wait the cluster's restart can SIGKILL the chief while it still writes the backup, and the
+    run resumes from the backup before (seen on a loaded machine: 9 steps redone, not 0).
     """
     tf = import_tensorflow()
     journal_dir = run_dir
@@ -148,6 +160,8 @@ def kill_at_step_callback(run_dir: str | os.PathLike, task: str, global_step: in
         def on_train_batch_end(self, batch, logs=None):
             step = int(self.model.optimizer.iterations.numpy())
             if task_name() == task and step == global_step and fire_once(journal_dir, f"kill-{task}-{step}"):
+                if after_task is not None and after_task != task:
+                    wait_for_step(journal_dir, after_task, step, timeout=timeout)
                 Journal(journal_dir).write("kill", global_step=step, signal=int(sig))
                 os.kill(os.getpid(), sig)
 
@@ -200,9 +214,11 @@ def train_resumable(run_dir: str, per_worker_batch: int = 64, epochs: int = 4, s
     callbacks = [
         tf.keras.callbacks.BackupAndRestore(backup_dir=str(Path(run_dir) / "backup"), save_freq=save_freq),
         journal_callback(journal, summed_over=workers),
+        progress.callback(per_worker_batch * workers, summed_over=workers),  # the notebook's live view
     ]
     if kill_task is not None and kill_at_global_step is not None:
-        callbacks.append(kill_at_step_callback(run_dir, kill_task, kill_at_global_step, kill_signal))
+        callbacks.append(kill_at_step_callback(run_dir, kill_task, kill_at_global_step, kill_signal,
+                                               after_task=chief_task()))
     history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
                         callbacks=callbacks)
     return {"task": task_name(), "attempt": journal.attempt, "epochs_run": list(history.epoch),
@@ -274,6 +290,7 @@ def train_preemptible(run_dir: str, total_steps: int = 60, per_worker_batch: int
 
     first = handler.total_run_calls
     journal.write("start", initial_step=int(first))
+    meter = progress.Meter(global_batch).begin(steps=total_steps)  # the notebook's live view
     while handler.total_run_calls < total_steps:
         step_number = int(handler.total_run_calls) + 1
         if (preempt_task == task_name() and step_number == preempt_at_step
@@ -282,6 +299,7 @@ def train_preemptible(run_dir: str, total_steps: int = 60, per_worker_batch: int
             os.kill(os.getpid(), signals.SIGTERM)
         loss = handler.run(train_step, iterator)
         journal.write("step", global_step=int(handler.total_run_calls), loss=float(loss))
+        meter.step(None, int(handler.total_run_calls), float(loss), force=handler.total_run_calls == total_steps)
     journal.write("end", global_step=int(handler.total_run_calls))
     return {"task": task_name(), "attempt": journal.attempt, "first_step": int(first),
             "global_step": int(handler.total_run_calls),

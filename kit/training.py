@@ -10,6 +10,7 @@ import os
 import time
 from typing import Any
 
+from . import progress
 from ._tf import import_tensorflow, keras_flavour
 
 STRATEGIES = ("multi_worker_mirrored", "default")
@@ -86,7 +87,8 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
     records: dict[str, list] = {"step_loss": [], "epoch_seconds": []}
     summed_over = workers if isinstance(dist, tf.distribute.MultiWorkerMirroredStrategy) else 1
     history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
-                        callbacks=[_step_logger(tf, records, summed_over)])
+                        callbacks=[_step_logger(tf, records, summed_over),
+                                   progress.callback(global_batch, summed_over)])
     timed = records["epoch_seconds"][1:] or records["epoch_seconds"]
     examples = global_batch * steps_per_epoch * len(timed)
     evaluation = {}

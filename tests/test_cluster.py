@@ -174,6 +174,30 @@ def test_run_timeout(make_cluster):
     assert time.monotonic() - start < 10
 
 
+@pytest.mark.slow
+def test_a_stuck_collective_times_out_naming_the_task_that_waits(make_cluster):
+    """worker:1 leaves after creating the strategy; worker:0's all-reduce waits for it forever."""
+    cluster = make_cluster(workers=2)
+
+    def all_reduce_alone():
+        import os
+
+        from kit._tf import import_tensorflow
+        tf = import_tensorflow()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        if os.environ["KIT_TASK"] == "worker:1":
+            return "left"
+        return float(strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None))
+
+    with pytest.raises(ClusterError, match=r"timed out after 20s: worker:0 still running; worker:1 "
+                                           r"finished, so it is probably waiting in a collective") as caught:
+        cluster.run(all_reduce_alone, timeout=20)
+    assert caught.value.tasks == ["worker:0"]
+    assert cluster.last_view.states() == {"worker:0": "failed", "worker:1": "done"}
+    cluster.restart()
+    assert cluster.run(os.getpid) == [t.pid for t in cluster.tasks]
+
+
 # ----- no process outlives its cluster -------------------------------------------------------------
 def test_stop_ends_engines_and_controller(no_leaks):
     before = {p.pid for p in kit_processes(os.getpid())}

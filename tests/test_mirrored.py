@@ -1,8 +1,10 @@
 """kit.mirrored and kit.probes: the guide's tables, log reading, logical CPUs, the measuring callback."""
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,4 +94,24 @@ def test_probe_records_hooks_steps_rate_and_files(tmp_path):
     assert record["learning_rate"] == pytest.approx([0.05, 0.05])
     assert record["files"] == [{"dir": ["a.txt"]}] * 2
     assert probes.files_under(tmp_path / "missing") == []
+
+
+def test_files_under_skips_a_folder_another_task_deletes_while_it_lists(tmp_path, monkeypatch):
+    # workers delete their workertemp_N checkpoint folders while the chief's probe lists the tree
+    for name in ("ckpt/checkpoint", "ckpt/workertemp_1/ckpt_2_temp/x.index", "logs/a"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    real_scandir = os.scandir
+
+    def scandir(path):
+        if Path(path).name == "ckpt_2_temp":
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        if Path(path).name == "logs":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(PermissionError):  # only a vanished folder is skipped
+        probes.files_under(tmp_path)
+    assert probes.files_under(tmp_path / "ckpt") == ["checkpoint"]
     assert isinstance(probes.tensorboard_installed(), bool)

@@ -1,0 +1,154 @@
+"""Progress from the tasks to the notebook's live view, for any training function.
+
+On an engine, :func:`publish` sends a small dict to the kernel over ipyparallel's data channel
+(``publish_data``, on the engine's IOPub stream: no socket or file of the kit's own); the kernel's
+:class:`kit.view.RunView` shows the newest one per task. Outside an engine (a plain Python process,
+a test) it does nothing, so training code can call it anywhere.
+
+    model.fit(dataset, callbacks=[kit.progress.callback(batch_size=64)])   # Keras
+    kit.progress.publish(step=step, steps=total, loss=loss)                  # a custom loop
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ._tf import import_tensorflow
+
+#: The key of the kit's progress in ipyparallel's data messages.
+KEY = "kit_progress"
+#: At most this many publications per second from the callback (each is a message to the kernel;
+#: a step takes ~10-50 ms here, and the view redraws at most 4 times a second anyway).
+CALLBACK_PERIOD_SECONDS = 0.5
+
+
+def _in_engine() -> bool:
+    try:
+        from ipykernel.zmqshell import ZMQInteractiveShell
+    except ImportError:
+        return False
+    if not ZMQInteractiveShell.initialized():
+        return False
+    # an ipyparallel engine sets the shell's data publisher; reading ``data_pub`` in a plain
+    # Jupyter kernel would make one (with a DeprecationWarning), so look at what was set
+    return getattr(ZMQInteractiveShell.instance(), "_data_pub", None) is not None
+
+
+#: This task's progress so far: ipyparallel's client keeps only the newest value of each key
+#: (``metadata.data.update``), so every publication carries all fields.
+_current: dict[str, Any] = {}
+
+
+def publish(*, reset: bool = False, **fields: Any) -> bool:
+    """Send progress fields to the live view (``step``, ``steps``, ``epoch``, ``epochs``, ``loss``,
+    ``examples_per_second``, or any other short value); False when not on an engine.
+
+    Fields accumulate: a publication only needs the fields that changed; ``reset`` starts over
+    (a new training run on the same engine).
+    """
+    if not _in_engine():
+        return False
+    from ipyparallel.datapub import publish_data
+
+    if reset:
+        _current.clear()
+    _current.update(fields, time=time.time())
+    publish_data({KEY: dict(_current)})
+    return True
+
+
+class Meter:
+    """Publishes a training loop's progress: epoch, step, loss and examples/s (given this task's
+    ``batch_size``), at most every ``period`` seconds, and always when ``force`` is given.
+
+        meter = Meter(batch_size=64).begin(epochs=3, steps=100)
+        for epoch in range(1, 4):
+            for step in range(1, 101):
+                ...
+                meter.step(epoch, step, loss=loss, force=step == 100)
+    """
+
+    def __init__(self, batch_size: int | None = None, period: float = CALLBACK_PERIOD_SECONDS):
+        self.batch_size = batch_size
+        self.period = period
+        self._last = 0.0
+        self._mark = (time.monotonic(), 0)
+        self._done = 0
+
+    def begin(self, epochs: int | None = None, steps: int | None = None) -> "Meter":
+        self._mark = (time.monotonic(), self._done)
+        publish(reset=True, epochs=epochs, steps=steps, step=0, epoch=1 if epochs else None)
+        return self
+
+    def epoch_begin(self) -> None:
+        self._epoch_mark = (time.monotonic(), self._done)
+
+    def epoch_end(self, epoch: int, steps: int, loss: float | None = None) -> None:
+        """At an epoch's end: its mean speed (the same measure as the kit's result tables)."""
+        since, done = getattr(self, "_epoch_mark", self._mark)
+        now = time.monotonic()
+        fields: dict[str, Any] = {"epoch": epoch, "step": steps}
+        if loss is not None:
+            fields["loss"] = float(loss)
+        if now > since and self._done > done:
+            rate = (self._done - done) / (now - since)
+            fields["steps_per_second"] = rate
+            if self.batch_size:
+                fields["examples_per_second"] = rate * self.batch_size
+        publish(**fields)
+
+    def step(self, epoch: int | None, step: int, loss: float | None = None, force: bool = False) -> None:
+        """After each step: ``epoch`` (1-based, None without epochs), ``step`` within the epoch."""
+        self._done += 1
+        now = time.monotonic()
+        if not force and now - self._last < self.period:
+            return
+        since, done = self._mark
+        fields: dict[str, Any] = {"step": step}
+        if epoch is not None:
+            fields["epoch"] = epoch
+        if loss is not None:
+            fields["loss"] = float(loss)
+        if now > since and self._done > done:
+            rate = (self._done - done) / (now - since)
+            fields["steps_per_second"] = rate
+            if self.batch_size:
+                fields["examples_per_second"] = rate * self.batch_size
+        self._mark = (now, self._done)
+        self._last = now
+        publish(**fields)
+
+
+def callback(batch_size: int | None = None, summed_over: int = 1, period: float = CALLBACK_PERIOD_SECONDS):
+    """A Keras callback that publishes epoch, step, loss and examples/s every ``period`` seconds
+    and at each epoch's end (a :class:`Meter`). ``batch_size``: the examples one step trains, the
+    global batch under a synchronous strategy (every task steps together, as the kit's tables count).
+
+    ``summed_over``: the number of replicas whose per-batch losses tf-keras adds up under
+    MultiWorkerMirroredStrategy (its per-epoch logs are means already).
+    """
+    tf = import_tensorflow()
+
+    class Progress(tf.keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.meter = Meter(batch_size, period)
+            self._epoch = 1
+
+        def on_train_begin(self, logs: dict | None = None) -> None:
+            self.meter.begin(self.params.get("epochs"), self.params.get("steps"))
+
+        def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+            self._epoch = epoch + 1
+            self.meter.epoch_begin()
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            loss = (logs or {}).get("loss")
+            self.meter.step(self._epoch, batch + 1, None if loss is None else float(loss) / summed_over)
+
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            self.meter.epoch_end(epoch + 1, self.params.get("steps") or 0,
+                                 float(logs["loss"]) if logs and "loss" in logs else None)
+
+    return Progress()
