@@ -86,25 +86,12 @@ class Meter:
 
     def epoch_end(self, epoch: int, steps: int, loss: float | None = None) -> None:
         """At an epoch's end: its mean speed (the same measure as the kit's result tables)."""
-        since, done = getattr(self, "_epoch_mark", self._mark)
-        now = time.monotonic()
-        fields: dict[str, Any] = {"epoch": epoch, "step": steps}
-        if loss is not None:
-            fields["loss"] = float(loss)
-        if now > since and self._done > done:
-            rate = (self._done - done) / (now - since)
-            fields["steps_per_second"] = rate
-            if self.batch_size:
-                fields["examples_per_second"] = rate * self.batch_size
-        publish(**fields)
+        publish(**self._fields(getattr(self, "_epoch_mark", self._mark), time.monotonic(), epoch, steps, loss))
 
-    def step(self, epoch: int | None, step: int, loss: float | None = None, force: bool = False) -> None:
-        """After each step: ``epoch`` (1-based, None without epochs), ``step`` within the epoch."""
-        self._done += 1
-        now = time.monotonic()
-        if not force and now - self._last < self.period:
-            return
-        since, done = self._mark
+    def _fields(self, mark: tuple[float, int], now: float, epoch: int | None, step: int,
+                loss: float | None) -> dict[str, Any]:
+        """Epoch, step, loss, and the speed since ``mark`` (a time and a step count)."""
+        since, done = mark
         fields: dict[str, Any] = {"step": step}
         if epoch is not None:
             fields["epoch"] = epoch
@@ -115,6 +102,15 @@ class Meter:
             fields["steps_per_second"] = rate
             if self.batch_size:
                 fields["examples_per_second"] = rate * self.batch_size
+        return fields
+
+    def step(self, epoch: int | None, step: int, loss: float | None = None, force: bool = False) -> None:
+        """After each step: ``epoch`` (1-based, None without epochs), ``step`` within the epoch."""
+        self._done += 1
+        now = time.monotonic()
+        if not force and now - self._last < self.period:
+            return
+        fields = self._fields(self._mark, now, epoch, step, loss)
         self._mark = (now, self._done)
         self._last = now
         publish(**fields)

@@ -158,3 +158,21 @@ def test_kernels_started_for_papermill_show_text_unless_kit_view_says_otherwise(
     monkeypatch.setenv("KIT_VIEW", "widget")
     with view.text_in_kernels_started_here():
         assert os.environ["KIT_VIEW"] == "widget"
+
+
+def test_meter_measures_speed_since_its_last_report_and_over_the_epoch(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    sent = []
+    monkeypatch.setattr(progress, "publish", lambda **fields: sent.append(fields) or True)
+    meter = progress.Meter(batch_size=64, period=1.0).begin(epochs=1, steps=10)
+    meter.epoch_begin()
+    for step in range(1, 11):  # a step every 0.25 s: 4 steps/s, 256 examples/s
+        clock[0] += 0.25
+        meter.step(1, step, loss=1.0 / step)
+    meter.epoch_end(1, 10, loss=0.3)
+    steps = [f for f in sent[1:-1]]
+    assert [f["step"] for f in steps] == [1, 5, 9]  # the first step at once, then at most one a second
+    assert all(f["steps_per_second"] == pytest.approx(4.0) for f in steps)
+    assert sent[-1] == {"step": 10, "epoch": 1, "loss": 0.3, "steps_per_second": pytest.approx(4.0),
+                        "examples_per_second": pytest.approx(256.0)}
