@@ -55,7 +55,9 @@ def make_strategy(name: str, logical_cpus: int = 2) -> "tf.distribute.Strategy":
         devices = [device.name for device in split_cpu(logical_cpus)]
         strategy = tf.distribute.MirroredStrategy(devices=devices)
     else:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        from .multiworker import strategy as process_strategy
+
+        strategy = process_strategy()
     _STRATEGIES[name] = strategy
     return strategy
 

@@ -47,10 +47,13 @@ _process_strategy: dict[str, Any] = {}
 def strategy(communication: str = "AUTO"):
     """This process's MultiWorkerMirroredStrategy: created on the first call, the same one afterwards.
 
-    Use one strategy per process. A second MultiWorkerMirroredStrategy created after the first one
-    ran collectives can fail at its first collective (seen on the kit's engines: "Collective ops is
-    aborted by: Delete called on non-empty BufRendezvous"), and TensorFlow warns "Enabling collective ops after
-    program startup may cause error". Asking for another ``communication`` later raises ValueError.
+    Use one strategy per process. Making a second MultiWorkerMirroredStrategy re-enables collectives,
+    which drops the process's collective state: when the other worker already waits for the chief's
+    first broadcast of the new run (it made its strategy sooner), that wait fails with "Collective ops
+    is aborted by: Delete called on non-empty BufRendezvous". Reproduced on the kit's engines by
+    delaying the chief 2 s before its second strategy (tests/test_multiworker.py), and seen once in CI
+    as notebook 08's trials on one cluster, under load. Asking for another ``communication`` later raises
+    ValueError.
     """
     if not _process_strategy:
         _process_strategy["communication"] = communication

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import progress
+from . import multiworker, progress
 from ._tf import import_tensorflow
 
 
@@ -205,7 +205,7 @@ def train_resumable(run_dir: str, per_worker_batch: int = 64, epochs: int = 4, s
     from . import data, models
 
     tf.keras.utils.set_random_seed(seed)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = multiworker.strategy()  # one per process (kit.multiworker.strategy says why)
     workers = strategy.num_replicas_in_sync
     journal = Journal(run_dir)
     dataset = data.mnist_dataset(per_worker_batch * workers, shuffle_seed=seed)
@@ -260,7 +260,7 @@ def train_preemptible(run_dir: str, total_steps: int = 60, per_worker_batch: int
     from . import data, models
 
     tf.keras.utils.set_random_seed(seed)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = multiworker.strategy()  # one per process (kit.multiworker.strategy says why)
     journal = Journal(run_dir)
     global_batch = per_worker_batch * strategy.num_replicas_in_sync
     with strategy.scope():

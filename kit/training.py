@@ -17,10 +17,17 @@ STRATEGIES = ("multi_worker_mirrored", "default")
 
 
 def make_strategy(name: str):
-    """``multi_worker_mirrored`` (reads TF_CONFIG) or ``default`` (one process, no distribution)."""
+    """``multi_worker_mirrored`` (reads TF_CONFIG) or ``default`` (one process, no distribution).
+
+    ``multi_worker_mirrored`` is this process's one strategy (:func:`kit.multiworker.strategy`): a
+    second one, made for the next run on the same engines, re-configures collectives and aborts a
+    worker whose first broadcast reached the chief before the chief made its own second strategy.
+    """
     tf = import_tensorflow()
     if name == "multi_worker_mirrored":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        from .multiworker import strategy
+
+        return strategy()
     if name == "default":
         return tf.distribute.get_strategy()
     raise ValueError(f"strategy={name!r} is unknown; use one of {', '.join(STRATEGIES)}")

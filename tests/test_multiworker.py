@@ -53,3 +53,25 @@ def test_chief_writes_for_real_and_the_other_worker_in_a_temporary_directory(mak
     assert chief["restored_vs_trained"] == other["restored_vs_trained"] == 0.0
     assert chief["loss"] == pytest.approx(other["loss"], rel=1e-6)
     assert not [f for _, dirs, _ in os.walk(tmp_path) for f in dirs if f.startswith("workertemp")]
+
+    # the next run on the same engines gets the same strategy, also when the chief comes to it last:
+    # a second MultiWorkerMirroredStrategy made by the chief after the other worker's first broadcast
+    # reached it aborts that broadcast ("Delete called on non-empty BufRendezvous")
+    def late_chief_builds_a_variable(delay):
+        import json
+        import os
+        import time
+
+        from kit import multiworker
+        from kit._tf import import_tensorflow
+        from kit.training import make_strategy
+
+        tf = import_tensorflow()
+        if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
+            time.sleep(delay)
+        strategy = make_strategy("multi_worker_mirrored")
+        with strategy.scope():
+            variable = tf.Variable(tf.ones([1000]))
+        return {"same": strategy is multiworker.strategy(), "sum": float(tf.reduce_sum(variable))}
+
+    assert cluster.run(late_chief_builds_a_variable, 2.0, stream=False) == [{"same": True, "sum": 1000.0}] * 2
