@@ -59,6 +59,21 @@ def set_environment(values: dict[str, str]) -> None:
     os.environ.update(values)
 
 
+def call_with_sources(sources: dict[str, tuple], fn, *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn(*args, **kwargs)`` after adding the notebook's cell sources to this engine's linecache.
+
+    A function sent from a notebook keeps its cell's file name (``/tmp/ipykernel_.../NNN.py``), which
+    does not exist on the engine: without the source, AutoGraph cannot convert a ``map`` function or a
+    ``tf.function`` defined in a cell (it warns, several lines per function, and runs it as is) and
+    tracebacks show no code. With the kernel's entries (see :func:`kit.cluster.notebook_sources`),
+    ``inspect.getsource`` works there as it does in the notebook, for the cell as it is now.
+    """
+    import linecache
+
+    linecache.cache.update(sources)
+    return fn(*args, **kwargs)
+
+
 def _version(package: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -39,11 +40,32 @@ def cmd_tfconfig(args: argparse.Namespace) -> int:
         except json.JSONDecodeError as e:
             raise TFConfigError("cluster", f"is not valid JSON ({e.msg})",
                                 'write e.g. --cluster \'{"worker": ["localhost:12345"]}\'') from None
+        if args.export:
+            print("\n".join(export_lines(cluster, args.task, strategy=args.strategy)))
+            return 0
         print(json.dumps(tfconfig.build(cluster, args.task, strategy=args.strategy), indent=args.indent))
         return 0
     except TFConfigError as e:
         print(f"kit tfconfig: {e}", file=sys.stderr)
         return 2
+
+
+def export_lines(cluster: dict, task: str | None = None, strategy: str | None = None) -> list[str]:
+    """Shell lines that set each task's TF_CONFIG: ``# worker:0`` then ``export TF_CONFIG='...'``.
+
+    Every task of ``cluster`` in the kit's order (chief, workers, ps, evaluator), or only ``task``.
+    Each TF_CONFIG is validated first (a TFConfigError names the field and the fix), and quoted for
+    POSIX shells, so the line pastes as it is on the task's machine before ``python main.py``.
+    """
+    names = [task] if task else tfconfig.cluster_tasks(cluster) if isinstance(cluster, dict) else []
+    if not names:  # not a cluster: the same check as for one task says what is wrong, and the fix
+        tfconfig.validate({"cluster": cluster, "task": {"type": "worker", "index": 0}})
+    lines = []
+    for name in names:
+        config = tfconfig.build(cluster, name, strategy=strategy)
+        lines += [f"# {tfconfig.task_name(config['task']['type'], config['task']['index'])}",
+                  f"export TF_CONFIG={shlex.quote(tfconfig.dumps(config))}"]
+    return lines
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -131,8 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("tfconfig", help="build or check a TF_CONFIG",
-                       description="Print the TF_CONFIG of one task, or check one (exit 0 when "
-                                   "valid, 2 with the reason otherwise).")
+                       description="Print the TF_CONFIG of one task, the export lines of every task "
+                                   "(--export), or check one (exit 0 when valid, 2 with the reason "
+                                   "otherwise).")
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--cluster", help='cluster spec JSON (or @FILE), e.g. \'{"worker": ["h0:2222", "h1:2222"]}\'')
     group.add_argument("--check", metavar="JSON_OR_@FILE", help="TF_CONFIG to validate")
@@ -140,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", choices=sorted(set(tfconfig.STRATEGIES.values())),
                    help="also check what this strategy needs")
     p.add_argument("--indent", type=int, default=None, help="indent the printed JSON")
+    p.add_argument("--export", action="store_true",
+                   help="print a shell line `export TF_CONFIG='...'` for every task of --cluster (or "
+                        "only --task), each after a comment naming the task")
     p.set_defaults(func=cmd_tfconfig)
 
     p = sub.add_parser("demo", help="train the seeds' MNIST example on 1 and on N workers",
@@ -210,8 +236,10 @@ def _delegate(parser: argparse.ArgumentParser, module: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "tfconfig" and args.cluster is not None and not args.task:
-        parser.error("--cluster needs --task, e.g. --task worker:0")
+    if args.command == "tfconfig" and args.cluster is not None and not args.task and not args.export:
+        parser.error("--cluster needs --task, e.g. --task worker:0 (or --export for every task)")
+    if args.command == "tfconfig" and args.export and args.cluster is None:
+        parser.error("--export needs --cluster (it prints the export lines of a cluster's tasks)")
     try:
         return args.func(args)
     except KitError as e:

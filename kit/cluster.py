@@ -73,6 +73,18 @@ def kit_processes(owner_pid: int | None = None) -> list[psutil.Process]:
     return found
 
 
+def notebook_sources() -> dict[str, tuple]:
+    """The linecache entries of the code cells this kernel ran (IPython keeps them with no mtime).
+
+    Sent with every run (:func:`kit._remote.call_with_sources`) so that a function defined in a cell
+    has its source on the engines too. Empty outside IPython.
+    """
+    import linecache
+
+    return {name: entry for name, entry in list(linecache.cache.items())
+            if len(entry) == 4 and entry[1] is None and entry[2]}
+
+
 def _usable_cores() -> int:
     """Cores this process may use: its CPU affinity, capped by a container's CPU quota (kit.limits)."""
     return limits.read().cores
@@ -314,9 +326,14 @@ class TFCluster(ForeignEngines):
             raise ClusterError(f"{self._needs_restart}. Call cluster.restart() for fresh engines.",
                                self._lost)
         name = getattr(fn, "__name__", str(fn))
+        gone = self._dead_tasks(names)
+        if gone:  # e.g. a signal ended an idle engine: say so, instead of ipyparallel's KeyError
+            self._lost, self._needs_restart = gone, f"the cluster lost {', '.join(gone)}"
+            raise ClusterError(f"{', '.join(gone)}: the engine process is gone (it exited or was killed "
+                               f"before this run of {name}). Call cluster.restart() for fresh engines.", gone)
         self._oom_kills = limits.oom_kills()
         engines = self._client[[self._tasks[n].engine_id for n in names]]
-        result = engines.apply_async(fn, *args, **kwargs)
+        result = engines.apply_async(_remote.call_with_sources, notebook_sources(), fn, *args, **kwargs)
         live.submitted(names)
         follower = _OutputFollower(names, sink=live.line, quiet=self.options.tf_logs == "quiet")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -331,6 +348,13 @@ class TFCluster(ForeignEngines):
                     oom = self._out_of_memory()
                     for task in dead:
                         live.fail(task, oom or "its engine process exited")
+                    # the others usually fail within a second (a collective's peer is gone): let their
+                    # rows and output show it before raising
+                    survivors = [msg for n, msg in zip(names, result.msg_ids) if n not in dead]
+                    if survivors:
+                        self._client.wait(survivors, timeout=FAILED_PEERS_GRACE_SECONDS)
+                        follower.update(result)
+                        live.follow(result, names)
                     raise WorkerError(dead[0], f"its engine process exited while running {name}"
                                       f"{oom and ': ' + oom}{self._log_tail(dead[0])}",
                                       failures={n: oom or "process exited" for n in dead})

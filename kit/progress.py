@@ -116,13 +116,29 @@ class Meter:
         publish(**fields)
 
 
-def callback(batch_size: int | None = None, summed_over: int = 1, period: float = CALLBACK_PERIOD_SECONDS):
-    """A Keras callback that publishes epoch, step, loss and examples/s every ``period`` seconds
-    and at each epoch's end (a :class:`Meter`). ``batch_size``: the examples one step trains, the
-    global batch under a synchronous strategy (every task steps together, as the kit's tables count).
+def summed_replicas(strategy) -> int:
+    """How many replicas tf-keras adds up in the per-batch logs under ``strategy``.
 
-    ``summed_over``: the number of replicas whose per-batch losses tf-keras adds up under
-    MultiWorkerMirroredStrategy (its per-epoch logs are means already).
+    Under MultiWorkerMirroredStrategy tf-keras *sums* the per-batch loss over the replicas
+    (``distribute_reduction_method="auto"``); its per-epoch logs are means. Elsewhere: 1.
+    """
+    tf = import_tensorflow()
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return strategy.num_replicas_in_sync
+    return 1
+
+
+def callback(batch_size: int | None = None, summed_over: int | None = None,
+             period: float = CALLBACK_PERIOD_SECONDS):
+    """A Keras callback for ``fit`` that feeds the notebook's live view and measures the run.
+
+    It publishes epoch, step, loss and examples/s every ``period`` seconds and at each epoch's end
+    (a :class:`Meter`), and keeps ``step_loss`` (the loss after every step) and ``epoch_seconds``;
+    :meth:`summary` gives them with the steady-state examples/s. ``batch_size``: the examples one
+    step trains, the global batch under a synchronous strategy (every task steps together).
+
+    ``summed_over``: the number of replicas whose per-batch losses tf-keras adds up; None reads it
+    from the model's strategy (:func:`summed_replicas`), so step and epoch losses agree.
     """
     tf = import_tensorflow()
 
@@ -131,20 +147,40 @@ def callback(batch_size: int | None = None, summed_over: int = 1, period: float 
             super().__init__()
             self.meter = Meter(batch_size, period)
             self._epoch = 1
+            self._summed = summed_over or 1
+            self.step_loss: list[float] = []
+            self.epoch_seconds: list[float] = []
 
         def on_train_begin(self, logs: dict | None = None) -> None:
+            if summed_over is None:
+                strategy = getattr(self.model, "distribute_strategy", None) or tf.distribute.get_strategy()
+                self._summed = summed_replicas(strategy)
             self.meter.begin(self.params.get("epochs"), self.params.get("steps"))
 
         def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
             self._epoch = epoch + 1
+            self._epoch_start = time.perf_counter()
             self.meter.epoch_begin()
 
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
             loss = (logs or {}).get("loss")
-            self.meter.step(self._epoch, batch + 1, None if loss is None else float(loss) / summed_over)
+            loss = None if loss is None else float(loss) / self._summed
+            if loss is not None:
+                self.step_loss.append(loss)
+            self.meter.step(self._epoch, batch + 1, loss)
 
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            self.epoch_seconds.append(time.perf_counter() - self._epoch_start)
             self.meter.epoch_end(epoch + 1, self.params.get("steps") or 0,
                                  float(logs["loss"]) if logs and "loss" in logs else None)
+
+        def summary(self) -> dict[str, Any]:
+            """``step_loss``, ``epoch_seconds`` and ``examples_per_second`` over the epochs after the
+            first (which includes tracing; the first alone when there is one)."""
+            timed = self.epoch_seconds[1:] or self.epoch_seconds
+            steps = self.params.get("steps") or 0
+            rate = (batch_size or 0) * steps * len(timed) / sum(timed) if sum(timed) > 0 else None
+            return {"step_loss": list(self.step_loss), "epoch_seconds": list(self.epoch_seconds),
+                    "examples_per_second": rate}
 
     return Progress()

@@ -86,6 +86,24 @@ def wait_for_step(run_dir: str | os.PathLike, task: str, global_step: int, timeo
     raise TimeoutError(f"{task} did not reach step {global_step} within {timeout:g}s")
 
 
+def wait_for_event(run_dir: str | os.PathLike, task: str, event: str, timeout: float = 60.0) -> dict:
+    """Block until ``task``'s journal holds a record of ``event`` (e.g. "error"); return the first.
+
+    For what a task writes after the kit has stopped following its run, e.g. a survivor's error
+    after another task was killed.
+    """
+    deadline = time.monotonic() + timeout
+    path = Path(run_dir) / "journal" / f"{task.replace(':', '-')}.jsonl"
+    while time.monotonic() < deadline:
+        if path.exists():
+            for line in path.read_text().splitlines():
+                record = json.loads(line) if line.strip() else {}
+                if record.get("event") == event:
+                    return record
+        time.sleep(0.1)  # polling a file another process appends to; no event to wait on
+    raise TimeoutError(f"{task}'s journal has no {event!r} record after {timeout:g}s")
+
+
 def final_losses(run_dir: str | os.PathLike, task: str = "worker:0") -> dict[int, float]:
     """Global step → loss, as the run finally kept it (a redone step keeps its last value)."""
     return {r["global_step"]: r["loss"] for r in read_journal(run_dir)

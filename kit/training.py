@@ -33,27 +33,6 @@ def make_strategy(name: str):
     raise ValueError(f"strategy={name!r} is unknown; use one of {', '.join(STRATEGIES)}")
 
 
-def _step_logger(tf, records: dict[str, list], summed_over: int):
-    class StepLogger(tf.keras.callbacks.Callback):
-        """Records the per-step (running mean) loss and per-epoch wall time.
-
-        Under MultiWorkerMirroredStrategy, tf-keras *sums* the per-batch logs over the replicas
-        (``distribute_reduction_method="auto"``), while the epoch logs are right: ``summed_over``
-        divides that sum back into a mean, so step and epoch losses agree.
-        """
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self._epoch_start = time.perf_counter()
-
-        def on_train_batch_end(self, batch, logs=None):
-            records["step_loss"].append(float(logs["loss"]) / summed_over)
-
-        def on_epoch_end(self, epoch, logs=None):
-            records["epoch_seconds"].append(time.perf_counter() - self._epoch_start)
-
-    return StepLogger()
-
-
 def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: int = 70,
                 learning_rate: float = 0.001, strategy: str = "multi_worker_mirrored",
                 seed: int = 42, verbose: int = 2, *, warmup_steps: int = 0, warmup_from: float = 0.0,
@@ -91,13 +70,9 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
         model = models.build_and_compile_cnn_model(learning_rate=rate,
                                                    gradient_compression=gradient_compression,
                                                    steps_per_execution=steps_per_execution)
-    records: dict[str, list] = {"step_loss": [], "epoch_seconds": []}
-    summed_over = workers if isinstance(dist, tf.distribute.MultiWorkerMirroredStrategy) else 1
+    measured = progress.callback(global_batch)  # live view, loss per step, epoch times
     history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
-                        callbacks=[_step_logger(tf, records, summed_over),
-                                   progress.callback(global_batch, summed_over)])
-    timed = records["epoch_seconds"][1:] or records["epoch_seconds"]
-    examples = global_batch * steps_per_epoch * len(timed)
+                        callbacks=[measured])
     evaluation = {}
     if eval_examples:
         test = data.mnist_dataset(global_batch, train=False).take(-(-eval_examples // global_batch))
@@ -111,9 +86,7 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
         "global_batch": global_batch,
         "loss": [float(v) for v in history.history["loss"]],
         "accuracy": [float(v) for v in history.history["accuracy"]],
-        "step_loss": records["step_loss"],
-        "epoch_seconds": records["epoch_seconds"],
-        "examples_per_second": examples / sum(timed),
+        **measured.summary(),
         "wall_seconds": time.perf_counter() - started,
         **evaluation,
     }

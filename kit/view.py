@@ -79,6 +79,18 @@ class TaskRow:
             parts.append(f"{p['steps_per_second']:.1f} steps/s")
         return "  ".join(parts)
 
+    def lag(self) -> float | None:
+        """Seconds from the task's last progress report to its result (None if either is missing).
+
+        A training function's last report comes with its last step (:func:`kit.progress.callback`),
+        so this is the time the function spent after training: notebook 01 measures with it how
+        late ``fit`` returns when TensorFlow's input pipeline is slow to shut down.
+        """
+        reported = self.progress.get("time")
+        if reported is None or self.finished is None or self.state != "done":
+            return None
+        return max(0.0, self.finished - reported)
+
     def elapsed(self, now: float | None = None) -> float | None:
         if self.started is None:
             return None
@@ -289,6 +301,10 @@ class RunView:
 
     def states(self) -> dict[str, str]:
         return {name: row.state for name, row in self.rows.items()}
+
+    def lags(self) -> dict[str, float | None]:
+        """Each task's :meth:`TaskRow.lag`: seconds from its last progress report to its result."""
+        return {name: row.lag() for name, row in self.rows.items()}
 
     def _repr_html_(self) -> str:
         return render_html(self.title, self.rows.values())

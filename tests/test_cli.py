@@ -63,3 +63,45 @@ def test_import_kit_loads_neither_tensorflow_nor_ipyparallel():
             "print(sorted(m for m in ('tensorflow', 'ipyparallel', 'papermill') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_tfconfig_export_prints_one_line_per_task_that_a_shell_can_run():
+    cluster = {"chief": ["h0:2222"], "worker": ["h1:2222", "h2:2222"]}
+    result = run_kit("tfconfig", "--cluster", json.dumps(cluster), "--export")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0::2] == ["# chief:0", "# worker:0", "# worker:1"]
+    assert all(line.startswith("export TF_CONFIG='") for line in lines[1::2])
+    for name, line in zip(["chief:0", "worker:0", "worker:1"], lines[1::2]):
+        shell = subprocess.run(["sh", "-c", f'{line}\nprintf %s "$TF_CONFIG"'], capture_output=True,
+                               text=True, timeout=60)
+        task_type, index = name.split(":")
+        assert json.loads(shell.stdout) == {"cluster": cluster, "task": {"type": task_type, "index": int(index)}}
+
+
+def test_tfconfig_export_of_one_task_and_quoting(capsys):
+    cluster = {"worker": ["it's:1", "b:2"]}  # a quote in a host name: the line must still set it exactly
+    assert main(["tfconfig", "--cluster", json.dumps(cluster), "--task", "worker:1", "--export"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "# worker:1" and len(lines) == 2
+    shell = subprocess.run(["sh", "-c", f'{lines[1]}\nprintf %s "$TF_CONFIG"'], capture_output=True,
+                           text=True, timeout=60)
+    assert json.loads(shell.stdout)["task"] == {"type": "worker", "index": 1}
+
+
+@pytest.mark.parametrize("cluster, message", [
+    ('{"worker": ["a:1"], "ps": ["b:1"]}', "no parameter servers"),  # with --strategy below
+    ('{}', "is empty"),
+    ('["a:1"]', "not an object"),
+    ('{"workers": ["a:1"]}', "unknown task type"),
+])
+def test_tfconfig_export_rejects_a_bad_cluster_with_the_reason(cluster, message, capsys):
+    assert main(["tfconfig", "--cluster", cluster, "--export", "--strategy", "multi_worker_mirrored"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and message in captured.err and "Fix:" in captured.err
+
+
+def test_export_needs_a_cluster():
+    result = run_kit("tfconfig", "--check", '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}',
+                     "--export")
+    assert result.returncode == 2 and "--export needs --cluster" in result.stderr

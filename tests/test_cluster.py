@@ -331,6 +331,22 @@ def test_a_killed_task_fails_the_run_then_restart_gives_fresh_engines(make_clust
     assert cluster.tf_configs["worker:1"]["cluster"] == cluster.tf_configs["worker:0"]["cluster"]
 
 
+def test_an_engine_killed_between_runs_is_named_before_the_next_run(make_cluster):
+    """A signal that ends an idle engine: the next run says which task is gone and the fix."""
+    cluster = make_cluster(workers=2)
+    victim = cluster.tasks[1]
+    cluster.kill(victim.name)
+    deadline = time.monotonic() + 10
+    while TFCluster._process_alive(victim.pid):  # SIGKILL is asynchronous: wait until it has landed
+        assert time.monotonic() < deadline, f"{victim.name}'s engine outlived a SIGKILL by 10 s"
+        time.sleep(0.05)
+    with pytest.raises(ClusterError, match=r"worker:1: the engine process is gone.*cluster.restart\(\)") as info:
+        cluster.run(os.getpid)
+    assert info.value.tasks == ["worker:1"]
+    cluster.restart()
+    assert len(cluster.run(os.getpid)) == 2
+
+
 # ----- start-up failures ---------------------------------------------------------------------------
 @pytest.mark.parametrize("isolation", ["none", "auto"])
 def test_a_port_taken_after_it_was_picked_is_replaced(make_cluster, monkeypatch, isolation):

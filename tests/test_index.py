@@ -59,3 +59,10 @@ def test_check_mode_reports_a_stale_index(tmp_path, monkeypatch, capsys):
     assert tool.main(["--check"]) == 1
     assert "out of date" in capsys.readouterr().err
     assert tool.main([]) == 0 and tool.main(["--check"]) == 0
+
+
+def test_the_index_has_a_glossary_of_the_words_the_notebooks_use():
+    text = (REPO / "notebooks" / "README.md").read_text()
+    glossary = text[text.index("## Glossary"):]
+    for word in ("task", "worker", "chief", "replica", "device", "engine"):
+        assert f"| **{word}** |" in glossary, f"the glossary lacks {word}"

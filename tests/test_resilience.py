@@ -63,6 +63,16 @@ def test_kill_waits_for_the_chief_s_journal_and_names_it_when_it_never_comes(tmp
     assert resilience.wait_for_step(tmp_path, "worker:0", 30, timeout=5)["global_step"] == 30
 
 
+def test_wait_for_event_returns_the_first_record_of_that_event_or_names_what_is_missing(tmp_path):
+    journal = resilience.Journal(tmp_path, task="worker:0")
+    journal.write("step", global_step=1, loss=1.0)
+    with pytest.raises(TimeoutError, match="worker:0's journal has no 'error' record"):
+        resilience.wait_for_event(tmp_path, "worker:0", "error", timeout=0.3)
+    journal.write("error", error="UnavailableError")
+    journal.write("error", error="AbortedError")
+    assert resilience.wait_for_event(tmp_path, "worker:0", "error", timeout=5)["error"] == "UnavailableError"
+
+
 def test_remove_backup_dir_refuses_when_files_remain(tmp_path):
     (tmp_path / "backup" / "chief").mkdir(parents=True)
     (tmp_path / "backup" / "chief" / "ckpt-1.index").write_text("x")

@@ -176,3 +176,20 @@ def test_meter_measures_speed_since_its_last_report_and_over_the_epoch(monkeypat
     assert all(f["steps_per_second"] == pytest.approx(4.0) for f in steps)
     assert sent[-1] == {"step": 10, "epoch": 1, "loss": 0.3, "steps_per_second": pytest.approx(4.0),
                         "examples_per_second": pytest.approx(256.0)}
+
+
+def test_lag_is_the_time_from_a_task_s_last_report_to_its_result(monkeypatch):
+    """What notebook 01 measures: how long a function ran on after its last training step."""
+    clock = [1000.0]
+    monkeypatch.setattr(view.time, "time", lambda: clock[0])
+    live = view.RunView("fn", [_task("worker:0", 1), _task("worker:1", 2)], mode="text", show_lines=False)
+    live.submitted(["worker:0", "worker:1"])
+    last_step = {"status": None, "data": {progress.KEY: {"step": 70, "steps": 70, "time": 1010.0}}}
+    live.follow(_Result(last_step, last_step), ["worker:0", "worker:1"])
+    assert live.lags() == {"worker:0": None, "worker:1": None}  # still running
+    clock[0] = 1010.5
+    live.follow(_Result({"status": "ok", "data": {}}, {"status": None, "data": {}}), ["worker:0", "worker:1"])
+    clock[0] = 1028.0
+    live.follow(_Result({"status": "ok", "data": {}}, {"status": "ok", "data": {}}), ["worker:0", "worker:1"])
+    assert live.lags() == {"worker:0": pytest.approx(0.5), "worker:1": pytest.approx(18.0)}
+    assert view.TaskRow("worker:0", state="done", finished=5.0).lag() is None  # no report: unknown

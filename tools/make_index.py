@@ -90,9 +90,28 @@ def rows(notebooks_dir: Path = NOTEBOOKS) -> list[str]:
     return entries
 
 
+GLOSSARY = """
+## Glossary
+
+| word | what it means here |
+|---|---|
+| **task** | one process of a TensorFlow cluster, named `type:index` (`worker:1`); `TF_CONFIG` tells each process which task it is and where all the others are (00) |
+| **worker** | a task that trains: it runs the model on its share of each global batch (01) |
+| **chief** | the worker with extra duties — writing the real checkpoints, saved model and summaries; without a `chief` entry, `worker:0` does them (03) |
+| **ps** | a parameter server: a task that holds the model's variables for `ParameterServerStrategy`; workers read and update them there (07) |
+| **evaluator** | a task outside the training cluster that evaluates checkpoints on the side (00) |
+| **replica** | one copy of the model that computes on its part of a batch; `strategy.num_replicas_in_sync` counts them (02) |
+| **device** | where a replica computes (`/CPU:0`, `/GPU:1`); one process can drive several devices (`MirroredStrategy`, 02), or one each (`MultiWorkerMirroredStrategy`, 01) |
+| **global batch** | the examples one synchronous step trains on across all replicas: per-replica batch × replicas (01, 08) |
+| **all-reduce** | the collective that sums (or averages) every replica's gradients and gives each replica the result; a ring passes 2(N−1)/N of the gradient bytes per replica (03, 08, 09) |
+| **engine** | an ipyparallel process that runs the functions the notebook sends; the kit starts one per task and puts the task's `TF_CONFIG` in its environment (00) |
+| **strategy** | the `tf.distribute` object that places variables and runs each step on the replicas: `MirroredStrategy`, `MultiWorkerMirroredStrategy`, `ParameterServerStrategy` |
+"""
+
+
 def render(notebooks_dir: Path = NOTEBOOKS) -> str:
-    """The whole text of notebooks/README.md."""
-    return HEADER + "\n".join(rows(notebooks_dir)) + "\n"
+    """The whole text of notebooks/README.md: the table of notebooks, then the glossary."""
+    return HEADER + "\n".join(rows(notebooks_dir)) + "\n" + GLOSSARY
 
 
 def main(argv: list[str] | None = None) -> int:
