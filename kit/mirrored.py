@@ -8,16 +8,15 @@ model, its learning-rate table, its MNIST model and learning-rate decay) and a t
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import re
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
 from ._tf import import_tensorflow
 from .errors import KitError
+from .probes import captured_tf_log  # noqa: F401  (notebook 02 and kit.multiworker use it from here)
 
 #: The guide's learning rate for each *global* batch size (per-replica batch 5 × 1, 2, 4 replicas).
 LEARNING_RATES_BY_BATCH_SIZE = {5: 0.1, 10: 0.15, 20: 0.175}
@@ -135,36 +134,6 @@ def make_cross_device_ops(name: str):
     if name not in factories:
         raise KitError(f"cross_device_ops={name!r} is unknown; use one of {', '.join(CROSS_DEVICE_OPS)}")
     return factories[name]()
-
-
-class _Capture(logging.Handler):
-    def __init__(self, messages: list[str]):
-        super().__init__(logging.INFO)
-        self.messages = messages
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-@contextlib.contextmanager
-def captured_tf_log() -> Iterator[list[str]]:
-    """Collect TensorFlow's Python log messages (INFO and up) instead of printing them.
-
-    Yields the list the messages are appended to; the logger's level and handlers are restored
-    afterwards. The strategies log how they reduce when a step function is traced.
-    """
-    logger = import_tensorflow().get_logger()
-    messages: list[str] = []
-    saved = (logger.level, logger.handlers[:], logger.propagate)
-    logger.handlers[:] = [_Capture(messages)]
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        yield messages
-    finally:
-        logger.setLevel(saved[0])
-        logger.handlers[:] = saved[1]
-        logger.propagate = saved[2]
 
 
 _REDUCTION_PATTERNS = (

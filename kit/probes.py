@@ -107,7 +107,7 @@ def probe_callback(watch: Mapping[str, str | os.PathLike] | None = None):
 
 
 @contextlib.contextmanager
-def tf_log_messages() -> Iterator[list[str]]:
+def captured_tf_log() -> Iterator[list[str]]:
     """The messages TensorFlow's Python logger emits inside the ``with`` block (INFO and up).
 
     Yields the list they are appended to, and keeps them out of the output meanwhile: e.g. a

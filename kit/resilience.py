@@ -74,16 +74,8 @@ def wait_for_step(run_dir: str | os.PathLike, task: str, global_step: int, timeo
 
     For injecting a failure from outside at a known point, e.g. from a thread in the notebook.
     """
-    deadline = time.monotonic() + timeout
-    path = Path(run_dir) / "journal" / f"{task.replace(':', '-')}.jsonl"
-    while time.monotonic() < deadline:
-        if path.exists():
-            for line in path.read_text().splitlines():
-                record = json.loads(line) if line.strip() else {}
-                if record.get("event") == "step" and record["global_step"] >= global_step:
-                    return record
-        time.sleep(0.1)  # polling a file another process appends to; no event to wait on
-    raise TimeoutError(f"{task} did not reach step {global_step} within {timeout:g}s")
+    return _wait_for_record(run_dir, task, lambda r: r.get("event") == "step" and r["global_step"] >= global_step,
+                            timeout, f"{task} did not reach step {global_step} within {timeout:g}s")
 
 
 def wait_for_event(run_dir: str | os.PathLike, task: str, event: str, timeout: float = 60.0) -> dict:
@@ -92,16 +84,22 @@ def wait_for_event(run_dir: str | os.PathLike, task: str, event: str, timeout: f
     For what a task writes after the kit has stopped following its run, e.g. a survivor's error
     after another task was killed.
     """
+    return _wait_for_record(run_dir, task, lambda r: r.get("event") == event, timeout,
+                            f"{task}'s journal has no {event!r} record after {timeout:g}s")
+
+
+def _wait_for_record(run_dir: str | os.PathLike, task: str, match, timeout: float, why: str) -> dict:
+    """The first record of ``task``'s journal that ``match`` accepts, once it is there (TimeoutError: ``why``)."""
     deadline = time.monotonic() + timeout
     path = Path(run_dir) / "journal" / f"{task.replace(':', '-')}.jsonl"
     while time.monotonic() < deadline:
         if path.exists():
             for line in path.read_text().splitlines():
                 record = json.loads(line) if line.strip() else {}
-                if record.get("event") == event:
+                if match(record):
                     return record
         time.sleep(0.1)  # polling a file another process appends to; no event to wait on
-    raise TimeoutError(f"{task}'s journal has no {event!r} record after {timeout:g}s")
+    raise TimeoutError(why)
 
 
 def final_losses(run_dir: str | os.PathLike, task: str = "worker:0") -> dict[int, float]:

@@ -1,17 +1,17 @@
-"""kit.probes.tf_log_messages: TensorFlow's Python log messages, collected instead of printed."""
+"""kit.probes.captured_tf_log: TensorFlow's Python log messages, collected instead of printed."""
 
 import logging
 
 from kit import probes
 
 
-def test_tf_log_messages_collects_info_and_up_and_restores_the_logger():
+def test_captured_tf_log_collects_info_and_up_and_restores_the_logger():
     from kit._tf import import_tensorflow
 
     tf = import_tensorflow()
     logger = tf.get_logger()
     before = (logger.level, logger.handlers[:], logger.propagate)
-    with probes.tf_log_messages() as messages:
+    with probes.captured_tf_log() as messages:
         tf.compat.v1.logging.info("an info line")
         logger.warning("Your input ran out of data; interrupting training.")
         logger.debug("not collected")
@@ -19,7 +19,7 @@ def test_tf_log_messages_collects_info_and_up_and_restores_the_logger():
     assert (logger.level, logger.handlers[:], logger.propagate) == before
 
 
-def test_tf_log_messages_sees_a_deprecation_notice():
+def test_captured_tf_log_sees_a_deprecation_notice():
     from kit._tf import import_tensorflow
 
     tf = import_tensorflow()
@@ -29,7 +29,7 @@ def test_tf_log_messages_sees_a_deprecation_notice():
     def old_name():
         return 1
 
-    with probes.tf_log_messages() as messages:
+    with probes.captured_tf_log() as messages:
         assert old_name() == 1
     assert any("is deprecated" in m and "use new_name instead" in m for m in messages), messages
     assert logging.getLogger("tensorflow") is tf.get_logger()
