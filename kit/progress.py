@@ -116,14 +116,15 @@ class Meter:
         publish(**fields)
 
 
-def summed_replicas(strategy) -> int:
+def summed_replicas(strategy, reduction: str = "auto") -> int:
     """How many replicas tf-keras adds up in the per-batch logs under ``strategy``.
 
-    Under MultiWorkerMirroredStrategy tf-keras *sums* the per-batch loss over the replicas
-    (``distribute_reduction_method="auto"``); its per-epoch logs are means. Elsewhere: 1.
+    Under MultiWorkerMirroredStrategy, with the model's ``distribute_reduction_method`` "auto" (the
+    default) or "sum", tf-keras *sums* the per-batch loss over the replicas; its per-epoch logs are
+    means. With "first" (one replica's value), and under any other strategy: 1.
     """
     tf = import_tensorflow()
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and reduction in ("auto", "sum"):
         return strategy.num_replicas_in_sync
     return 1
 
@@ -154,7 +155,7 @@ def callback(batch_size: int | None = None, summed_over: int | None = None,
         def on_train_begin(self, logs: dict | None = None) -> None:
             if summed_over is None:
                 strategy = getattr(self.model, "distribute_strategy", None) or tf.distribute.get_strategy()
-                self._summed = summed_replicas(strategy)
+                self._summed = summed_replicas(strategy, getattr(self.model, "distribute_reduction_method", "auto"))
             self.meter.begin(self.params.get("epochs"), self.params.get("steps"))
 
         def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:

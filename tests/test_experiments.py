@@ -200,6 +200,24 @@ def test_a_notebook_that_records_nothing_fails_its_point(tmp_path):
     assert "without recording metrics" in table["error"][0] and "kit.experiments.record" in table["error"][0]
 
 
+@pytest.mark.parametrize("preset", ["small", "full"])
+def test_notebook_08_sweeps_the_trial_notebook_with_parameters_it_defines(preset):
+    """Notebook 08's papermill runner passes its points and constants to trials/scaling-trial.ipynb: each name
+    must be a parameter of the trial notebook, of the right type (read from the notebooks, no TensorFlow)."""
+    import kit
+
+    notebook = nbformat.read(REPO / "notebooks" / "08-scaling-experiments.ipynb", as_version=4)
+    parameters = next(c.source for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
+    presets = next(c.source for c in notebook.cells if c.source.startswith("PRESETS = {"))
+    namespace = {"kit": kit}
+    exec(parameters, namespace)
+    namespace["PRESET"] = preset
+    exec(presets, namespace)
+    points = experiments.validate(REPO / "notebooks" / "trials" / "scaling-trial.ipynb", namespace["points"],
+                                  parameters=namespace["C"])
+    assert points == namespace["points"] and len(points) >= 2
+
+
 def test_load_results_of_a_folder_without_a_sweep_says_the_fix(tmp_path):
     with pytest.raises(KitError, match="results.json does not exist. Fix"):
         experiments.load_results(tmp_path)
@@ -249,6 +267,21 @@ def test_plot_results_draws_what_the_table_allows(tmp_path):
 def test_loss_curves_still_works(tmp_path):
     plots.loss_curves({"a": [2.0, 1.0]}, path=tmp_path / "loss.png")
     assert (tmp_path / "loss.png").stat().st_size > 0
+
+
+def test_step_timeline_draws_one_bar_per_step_on_its_row_and_marks_events(tmp_path):
+    steps = [{"row": f"worker:{v % 2}", "start": 10.0 + v, "end": 10.5 + v,
+              "color": "tab:red" if v == 2 else "tab:blue"} for v in range(4)]
+    lockstep = [{"row": f"worker:{w}", "start": 20.0 + k, "end": 20.9 + k} for k in range(2) for w in range(2)]
+    fig = plots.step_timeline({"async": steps, "sync": lockstep}, path=tmp_path / "timeline.png",
+                              events={"async": {"killed": 12.2}})
+    top, bottom = fig.axes
+    assert len(top.patches) == 4 and len(bottom.patches) == 4 and (tmp_path / "timeline.png").is_file()
+    assert sum(p.get_facecolor()[0] > 0.8 for p in top.patches) == 1  # the one red bar
+    assert [p.get_x() for p in top.patches] == [0.0, 1.0, 2.0, 3.0]  # each panel's clock starts at its first step
+    assert [p.get_y() + p.get_height() / 2 for p in top.patches] == [0, 1, 0, 1]  # row by worker
+    assert [line.get_xdata()[0] for line in top.lines] == [pytest.approx(2.2)] and not bottom.lines
+    assert [t.get_text() for t in top.get_yticklabels()] == ["worker:0", "worker:1"]
 
 
 # ----- command line -------------------------------------------------------------------------------
