@@ -53,6 +53,23 @@ def cgroups_or_skip() -> None:
     pytest.skip(reason)
 
 
+def test_a_process_whose_cgroup_file_names_the_group_is_inside_even_if_the_list_missed_it():
+    """The sampler reads the group's process list, then every process: a child started in between is
+    not in the list, but its /proc/PID/cgroup names the group for each controller (seen in a
+    `make binder` run, and reported as an escape)."""
+    group = object.__new__(binder_cgroup.BinderCgroup)
+    group.name = "kit-binder-87a09ef3"
+    group.dirs = {"memory": Path("/sys/fs/cgroup/memory/kit-binder-87a09ef3"),
+                  "cpu": Path("/sys/fs/cgroup/cpu/kit-binder-87a09ef3")}
+    inside = ("9:name=systemd:/\n4:memory:/process_api/0442/kit-binder-87a09ef3\n2:cpuacct:/\n"
+              "1:cpu:/kit-binder-87a09ef3\n0::/")
+    assert group._names_this_group(inside)
+    assert not group._names_this_group("4:memory:/process_api/0442\n1:cpu:/kit-binder-87a09ef3\n0::/")
+    assert not group._names_this_group("4:memory:/other-kit-binder-87a09ef3\n1:cpu:/\n0::/")
+    group.dirs = {"memory": Path("/sys/fs/cgroup/kit-binder-87a09ef3"), "cpu": Path("/sys/fs/cgroup/kit-binder-87a09ef3")}
+    assert group._names_this_group("0::/user.slice/kit-binder-87a09ef3")  # cgroup v2: one line
+
+
 def test_without_root_the_reason_names_what_is_missing(monkeypatch):
     monkeypatch.setattr(binder_cgroup.os, "geteuid", lambda: 1000)
     reason = binder_cgroup.unavailable()

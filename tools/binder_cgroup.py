@@ -284,6 +284,12 @@ class BinderCgroup:
                 continue  # already removed
         return found
 
+    def _names_this_group(self, proc_cgroup: str) -> bool:
+        """Whether a /proc/PID/cgroup text puts the process in this group for every controller that has it."""
+        paths = [line.split(":", 2)[2] for line in proc_cgroup.splitlines() if line.count(":") >= 2]
+        ours = [path for path in paths if path.rstrip("/").endswith("/" + self.name)]
+        return bool(ours) and len(ours) == len({str(d) for d in self.dirs.values()})
+
     def _read_int(self, controller: str, name: str) -> int | None:
         try:
             return int((self.dirs[controller] / name).read_text().split()[0])
@@ -405,9 +411,12 @@ class BinderCgroup:
                     span.last_seen, span.peak = now, span.peak.max(memory)
             elif owners & inside:  # the kit started it for a process in the group, yet it is outside
                 try:
-                    sample.escaped[info["pid"]] = Path(f"/proc/{info['pid']}/cgroup").read_text().strip()
+                    cgroups = Path(f"/proc/{info['pid']}/cgroup").read_text().strip()
                 except FileNotFoundError:
                     continue  # exited meanwhile
+                if self._names_this_group(cgroups):
+                    continue  # started after the group's list was read: a child stays in its parent's group
+                sample.escaped[info["pid"]] = cgroups
         for kind, count in counts.items():
             sample.max_concurrent[kind] = max(sample.max_concurrent.get(kind, 0), count)
 
