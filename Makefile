@@ -87,7 +87,7 @@ faults: $(STAMP)  ## 10 fault-injection trials (random task, random step) -> out
 	$(BIN)/kit faults --trials 10 --out out/faults
 
 compat: $(STAMP)  ## rerun the Keras compatibility table -> docs/keras-compatibility.md
-	$(BIN)/python -m kit.compat --out docs/keras-compatibility.md
+	$(BIN)/python -m kit.tools.compat --out docs/keras-compatibility.md
 
 clean:
 	rm -rf out notebooks/out .pytest_cache

@@ -1,33 +1,40 @@
 """kit: start TensorFlow clusters from a notebook and run distributed training on them.
 
-``import kit`` is cheap: the modules that need TensorFlow or ipyparallel load on first use.
+``import kit`` is cheap: nothing here imports TensorFlow or ipyparallel until it is used.
+
+The package has three layers, one subpackage each (docs/architecture.md):
+
+- :mod:`kit.core`, the cluster: ``TFCluster`` and ``HorovodCluster``, their engines (local ones, or
+  engines from elsewhere), TF_CONFIG, options, errors, the live view and the run loop. Runs in the
+  notebook's kernel and never imports TensorFlow there.
+- :mod:`kit.train`, code that runs on the engines (the TF tasks): MNIST, models, strategies,
+  recipes, progress and probes. Imports TensorFlow, in the task's process.
+- :mod:`kit.tools`, tooling around both: the ``kit`` command, sweeps, results, plots, the
+  benchmark, fault trials and the Keras compatibility check.
+
+Dependencies point one way: tools → train → core's pure modules (errors, tfconfig).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from .errors import (ClusterError, ExposedPortsWarning, FailuresExhaustedError, KitError,
-                     MemoryLimitWarning, OptionError, TFConfigError, WorkerError)
+from .core.errors import (ClusterError, ExposedPortsWarning, FailuresExhaustedError, GridError, KitError,
+                          MemoryLimitWarning, OptionError, TFConfigError, WorkerError)
 
 __version__ = "0.1.0"
 __all__ = ["TFCluster", "HorovodCluster", "ClusterOptions", "TaskInfo", "KitError", "TFConfigError",
-           "ClusterError", "OptionError", "WorkerError", "FailuresExhaustedError", "ExposedPortsWarning",
-           "MemoryLimitWarning", "import_tensorflow", "tfconfig", "data", "models", "training"]
+           "ClusterError", "OptionError", "WorkerError", "FailuresExhaustedError", "GridError",
+           "ExposedPortsWarning", "MemoryLimitWarning", "core", "train", "tools"]
 
-_LAZY = {"TFCluster": "cluster", "HorovodCluster": "horovod", "ClusterOptions": "options", "TaskInfo": "options",
-         "import_tensorflow": "_tf"}
-_SUBMODULES = {"tfconfig", "data", "models", "training", "cluster", "options", "attach", "results", "plots", "experiments",
-               "scaling", "mirrored", "multiworker", "sharding", "checkpoints", "probes", "resilience",
-               "ps", "custom_loop", "compat", "bench", "fault_trials", "limits", "horovod", "horovod_training",
-               "view", "progress"}
+_LAZY = {"TFCluster": "core.cluster", "HorovodCluster": "core.horovod", "ClusterOptions": "core.options", "TaskInfo": "core.options"}
+_SUBPACKAGES = {"core", "train", "tools"}
 
 
 def __getattr__(name: str) -> Any:
-    import importlib
-
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    if name in _SUBMODULES:
+    if name in _SUBPACKAGES:
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'kit' has no attribute {name!r}")

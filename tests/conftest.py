@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO))
 
 
 def kit_processes(owner_pid: int | None = None) -> list[psutil.Process]:
-    from kit.cluster import kit_processes as census
+    from kit.core.cluster import kit_processes as census
 
     return census(owner_pid)
 
@@ -65,7 +65,7 @@ def broken_startup(directory: Path, monkeypatch, body: str, task: str = "worker:
 
     A real way to make one engine crash, hang or refuse to start, for the failure tests.
     """
-    from kit.cluster import TFCluster
+    from kit.core.cluster import TFCluster
 
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sitecustomize.py").write_text(body)
@@ -95,7 +95,7 @@ def no_leaks():
 @pytest.fixture
 def make_cluster(no_leaks):
     """``make_cluster(**options)`` starts a TFCluster that is stopped at the end of the test."""
-    from kit.cluster import TFCluster
+    from kit.core.cluster import TFCluster
 
     clusters = []
 
@@ -112,7 +112,7 @@ def make_cluster(no_leaks):
 @pytest.fixture(scope="module")
 def two_workers():
     """One 2-worker cluster shared by the read-only tests of a module."""
-    from kit.cluster import TFCluster
+    from kit.core.cluster import TFCluster
 
     with TFCluster(workers=2) as cluster:
         yield cluster

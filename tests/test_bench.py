@@ -1,6 +1,6 @@
-"""kit.bench's bookkeeping: goals judged from a report, and the printed table (no timing here)."""
+"""kit.tools.bench's bookkeeping: goals judged from a report, and the printed table (no timing here)."""
 
-from kit.bench import check_goals, format_report
+from kit.tools.bench import check_goals, format_report
 
 
 def report():

@@ -84,10 +84,10 @@ def test_inside_the_group_the_kit_sees_the_limits_and_its_processes_stay_in_it(t
     cgroups_or_skip()
     script = textwrap.dedent('''
         import json, os, subprocess
-        from kit.cluster import TFCluster, kit_processes
+        from kit.core.cluster import TFCluster, kit_processes
 
         def inside():
-            from kit import limits
+            from kit.core import limits
             found = limits.read()
             return {"cores": found.cores, "memory_limit": found.memory_limit}
 

@@ -130,7 +130,7 @@ class Lab:
 def _die_with_the_test(libc: ctypes.CDLL) -> None:
     """Runs in the server's process before exec: the kernel sends it SIGTERM when the test process
     dies, even by SIGKILL (a CI time limit), when no ``finally`` runs. Its kernels follow it
-    (ipykernel polls its parent), and the kit's processes follow their kernel (kit._lifeline).
+    (ipykernel polls its parent), and the kit's processes follow their kernel (kit.core._lifeline).
     ``libc`` is loaded before the fork: loading a library in the child could deadlock."""
     pr_set_pdeathsig = 1
     if libc.prctl(pr_set_pdeathsig, signal.SIGTERM) != 0:

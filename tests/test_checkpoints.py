@@ -1,11 +1,11 @@
-"""kit.checkpoints: who saves for real, where the others write, and save/restore on one process."""
+"""kit.train.checkpoints: who saves for real, where the others write, and save/restore on one process."""
 
 import os
 
 import numpy as np
 import pytest
 
-from kit import checkpoints
+from kit.train import checkpoints
 
 
 @pytest.mark.parametrize("task_type, task_id, spec, chief", [
@@ -35,7 +35,7 @@ def test_strategies_without_a_cluster_have_no_task():
 
 
 def test_chief_keeps_its_checkpoint_and_restores_it(tmp_path):
-    from kit._tf import import_tensorflow
+    from kit.train._tf import import_tensorflow
 
     tf = import_tensorflow()
     value = tf.Variable([1.0, 2.0])
@@ -50,7 +50,7 @@ def test_chief_keeps_its_checkpoint_and_restores_it(tmp_path):
 
 
 def test_another_worker_writes_to_a_temporary_directory_and_deletes_it(tmp_path):
-    from kit._tf import import_tensorflow
+    from kit.train._tf import import_tensorflow
 
     tf = import_tensorflow()
     saved = checkpoints.save(tf.train.Checkpoint(value=tf.Variable(3.0)), tmp_path, task_type="worker",
@@ -61,7 +61,7 @@ def test_another_worker_writes_to_a_temporary_directory_and_deletes_it(tmp_path)
 
 
 def test_restore_from_an_empty_directory_restores_nothing(tmp_path):
-    from kit._tf import import_tensorflow
+    from kit.train._tf import import_tensorflow
 
     tf = import_tensorflow()
     assert checkpoints.restore_latest(tf.train.Checkpoint(value=tf.Variable(1.0)), tmp_path) is None

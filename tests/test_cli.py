@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from kit.cli import main
+from kit.tools.cli import main
 
 
 def run_kit(*args):
-    return subprocess.run([sys.executable, "-m", "kit.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kit.tools.cli", *args], capture_output=True, text=True,
                           timeout=60)
 
 
@@ -59,7 +59,7 @@ def test_cluster_without_task_is_a_usage_error():
 
 
 def test_import_kit_loads_neither_tensorflow_nor_ipyparallel():
-    code = ("import sys, kit, kit.tfconfig, kit.cli; "
+    code = ("import sys, kit, kit.core.tfconfig, kit.tools.cli; "
             "print(sorted(m for m in ('tensorflow', 'ipyparallel', 'papermill') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr

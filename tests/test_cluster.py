@@ -17,9 +17,9 @@ import psutil
 import pytest
 
 from conftest import REPO, broken_startup, kit_processes
-from kit import tfconfig
-from kit.cluster import STARTUP_NOISE, TFCluster, _usable_cores
-from kit.errors import ClusterError, ExposedPortsWarning, OptionError, WorkerError
+from kit.core import tfconfig
+from kit.core.cluster import STARTUP_NOISE, TFCluster, _usable_cores
+from kit.core.errors import ClusterError, ExposedPortsWarning, OptionError, WorkerError
 
 
 def wait_until_gone(pids, timeout):
@@ -182,7 +182,7 @@ def test_a_stuck_collective_times_out_naming_the_task_that_waits(make_cluster):
     def all_reduce_alone():
         import os
 
-        from kit._tf import import_tensorflow
+        from kit.train._tf import import_tensorflow
         tf = import_tensorflow()
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         if os.environ["KIT_TASK"] == "worker:1":
@@ -235,7 +235,7 @@ def test_everything_exits_when_the_owner_is_killed(tmp_path, no_leaks):
     script.write_text(textwrap.dedent(f"""
         import json, sys, time
         sys.path.insert(0, {str(REPO)!r})
-        from kit.cluster import TFCluster
+        from kit.core.cluster import TFCluster
         import psutil
         cluster = TFCluster(workers=2).start()
         print(json.dumps([p.pid for p in psutil.Process().children(recursive=True)]), flush=True)
@@ -260,7 +260,7 @@ def test_interpreter_exit_without_stop_ends_everything(tmp_path, no_leaks):
         import json, sys
         sys.path.insert(0, {str(REPO)!r})
         import psutil
-        from kit.cluster import TFCluster
+        from kit.core.cluster import TFCluster
         cluster = TFCluster(workers=1).start()  # never stopped: atexit must do it
         print(json.dumps([p.pid for p in psutil.Process().children(recursive=True)]), flush=True)
     """))
@@ -295,7 +295,7 @@ def test_no_kit_process_outlives_its_notebook_kernel(how, no_leaks):
     pids = json.loads(next(m["content"]["text"] for m in outputs if m["msg_type"] == "stream"
                            and m["content"]["text"].startswith("[")))
     names = [" ".join(psutil.Process(p).cmdline()[1:4]) for p in pids]
-    assert any("kit._netns" in n for n in names) and sum("ipyparallel.engine" in n for n in names) >= 2, names
+    assert any("kit.core._netns" in n for n in names) and sum("ipyparallel.engine" in n for n in names) >= 2, names
     if how == "shutdown":
         manager.shutdown_kernel(now=False)  # a polite shutdown: atexit stops the cluster
     else:
@@ -398,7 +398,7 @@ def test_a_task_that_never_comes_up_is_named_after_the_timeout(tmp_path, monkeyp
 # ----- training ---------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_two_workers_train_in_lockstep(make_cluster):
-    from kit.training import train_mnist
+    from kit.train.fit import train_mnist
 
     cluster = make_cluster(workers=2)
     results = cluster.run(train_mnist, per_worker_batch=32, epochs=2, steps_per_epoch=5, verbose=0)
@@ -409,7 +409,7 @@ def test_two_workers_train_in_lockstep(make_cluster):
     # the last step's running mean is the epoch's loss (tf-keras sums per-batch logs over workers)
     np.testing.assert_allclose(results[0]["step_loss"][4::5], results[0]["loss"], rtol=1e-4)
 
-    # the tuned configuration (kit.bench.TUNED): float16 all-reduce, several steps per call
+    # the tuned configuration (kit.tools.bench.TUNED): float16 all-reduce, several steps per call
     tuned = cluster.run(train_mnist, per_worker_batch=32, epochs=2, steps_per_epoch=5, verbose=0,
                         gradient_compression="fp16", steps_per_execution=5)
     np.testing.assert_allclose(tuned[0]["loss"], tuned[1]["loss"], rtol=1e-5)  # still in lockstep
@@ -421,8 +421,8 @@ def test_two_workers_train_in_lockstep(make_cluster):
         sums to [3, 2] in float16 (2^-12 is below float16's resolution at 1), [3, 2.00049] in float32."""
         import os
 
-        from kit._tf import import_tensorflow
-        from kit.models import half_precision_allreduce
+        from kit.train._tf import import_tensorflow
+        from kit.train.models import half_precision_allreduce
 
         tf = import_tensorflow()
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -442,7 +442,7 @@ def test_two_workers_train_in_lockstep(make_cluster):
 
 
 def test_model_options_are_checked_with_the_field_and_the_choices():
-    from kit.models import build_and_compile_cnn_model
+    from kit.train.models import build_and_compile_cnn_model
 
     with pytest.raises(ValueError, match="gradient_compression='int8' is unknown; use one of 'none', 'fp16'"):
         build_and_compile_cnn_model(gradient_compression="int8")
@@ -456,7 +456,7 @@ def test_keras3_choice_is_visible_and_real(make_cluster):
     assert cluster.tasks[0].keras == "keras3"
 
     def flavour():
-        from kit._tf import keras_flavour
+        from kit.train._tf import keras_flavour
         return keras_flavour()
 
     assert cluster.run(flavour) == ["keras3"]
@@ -478,7 +478,7 @@ def test_an_engine_unregistering_during_the_wait_is_logged_not_fatal(caplog):
 
     import ipyparallel as ipp
 
-    from kit.attach import wait_for_one_more_engine
+    from kit.core.attach import wait_for_one_more_engine
 
     class ClientWhoseOldEngineUnregisters:
         ids = [4, 5]

@@ -1,12 +1,12 @@
-"""kit.custom_loop: the guide's distributed loop matches model.fit, measured on a fresh engine."""
+"""kit.train.custom_loop: the guide's distributed loop matches model.fit, measured on a fresh engine."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from kit import custom_loop
-from kit.errors import KitError
+from kit.train import custom_loop
+from kit.core.errors import KitError
 
 
 def test_step_losses_come_back_from_running_means():
@@ -28,7 +28,7 @@ def test_loop_vs_fit_figure_draws_both_runs(tmp_path):
 @pytest.fixture(scope="module")
 def one_task():
     """A one-task cluster: a fresh process whose CPU can still be split."""
-    from kit.cluster import TFCluster
+    from kit.core.cluster import TFCluster
 
     with TFCluster(workers=1) as cluster:
         yield cluster
@@ -52,8 +52,8 @@ def test_loop_and_fit_agree_on_mirrored_strategy(one_task):
 @pytest.mark.slow
 def test_the_split_cannot_change_once_the_runtime_started(one_task):
     def split_again():
-        from kit.errors import KitError
-        from kit.mirrored import split_cpu
+        from kit.core.errors import KitError
+        from kit.train.mirrored import split_cpu
 
         try:
             split_cpu(3)

@@ -1,10 +1,10 @@
-"""kit.data: where MNIST comes from, its checksum, and the uint8-until-batched pipeline."""
+"""kit.train.data: where MNIST comes from, its checksum, and the uint8-until-batched pipeline."""
 
 import numpy as np
 import pytest
 
-from kit import data
-from kit.errors import KitError
+from kit.train import data
+from kit.core.errors import KitError
 
 
 def test_bundled_file_matches_its_checksum():
@@ -73,7 +73,7 @@ def test_test_split_is_finite_and_ordered(tmp_path):
 
 
 def test_shuffling_indices_gives_the_batches_shuffling_examples_gave(tmp_path):
-    from kit._tf import import_tensorflow
+    from kit.train._tf import import_tensorflow
 
     tf = import_tensorflow()
     path = small_npz(tmp_path / "m.npz", n=40)
@@ -88,7 +88,7 @@ def test_shuffling_indices_gives_the_batches_shuffling_examples_gave(tmp_path):
 def test_images_are_held_once_per_process_in_a_variable():
     """A variable, so that sharding a dataset copies a handle, not 47 MB (the memory itself is measured
     by kit bench, docs/performance.md change 9)."""
-    from kit._tf import import_tensorflow
+    from kit.train._tf import import_tensorflow
 
     tf = import_tensorflow()
     data.mnist_dataset(64), data.mnist_dataset(128, shuffle_seed=3)
@@ -99,7 +99,7 @@ def test_images_are_held_once_per_process_in_a_variable():
 
 
 def test_inside_a_traced_function_or_a_strategy_scope_the_arrays_are_constants(tmp_path):
-    from kit._tf import import_tensorflow
+    from kit.train._tf import import_tensorflow
 
     tf = import_tensorflow()
     path = small_npz(tmp_path / "m.npz", n=40)
@@ -143,7 +143,7 @@ def test_bad_batch_size(bad):
 
 
 def test_seeds_model_architecture():
-    from kit.models import build_and_compile_cnn_model
+    from kit.train.models import build_and_compile_cnn_model
 
     model = build_and_compile_cnn_model(learning_rate=0.01)
     kinds = [type(layer).__name__ for layer in model.layers]

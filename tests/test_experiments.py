@@ -1,4 +1,4 @@
-"""kit.experiments (papermill sweeps, the results table), kit.plots figures, `kit sweep` and `kit plot`.
+"""kit.tools.experiments (papermill sweeps, the results table), kit.tools.plots figures, `kit sweep` and `kit plot`.
 
 The sweeps run a tiny notebook written into tmp_path: no TensorFlow, a second or two per run.
 """
@@ -16,16 +16,16 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from kit import experiments, plots
-from kit.errors import KitError
-from kit.experiments import GridError
+from kit.tools import experiments, plots
+from kit.core.errors import KitError
+from kit.tools.experiments import GridError
 
 TINY_PARAMETERS = 'x = 1\nmode = "ok"\nscale = 2.0\nRESULTS_PATH = None\n'
 TINY_BODY = """
 import kit
 if mode == "fail":
     raise ValueError(f"failing on purpose at x={x}")
-kit.experiments.record(RESULTS_PATH, y=x * scale, curve=[x, x + 1], half=np.float32(0.5), bad=float("nan"))
+kit.tools.experiments.record(RESULTS_PATH, y=x * scale, curve=[x, x + 1], half=np.float32(0.5), bad=float("nan"))
 """
 
 
@@ -197,7 +197,7 @@ def test_a_notebook_that_records_nothing_fails_its_point(tmp_path):
     notebook = write_notebook(tmp_path / "silent.ipynb", body="y = x * 2\n")
     table = experiments.sweep(notebook, {"x": [1]}, tmp_path / "out", progress=False)
     assert table["status"].tolist() == ["failed"]
-    assert "without recording metrics" in table["error"][0] and "kit.experiments.record" in table["error"][0]
+    assert "without recording metrics" in table["error"][0] and "kit.tools.experiments.record" in table["error"][0]
 
 
 @pytest.mark.parametrize("preset", ["small", "full"])
@@ -286,7 +286,7 @@ def test_step_timeline_draws_one_bar_per_step_on_its_row_and_marks_events(tmp_pa
 
 # ----- command line -------------------------------------------------------------------------------
 def run_kit(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "kit.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kit.tools.cli", *args], capture_output=True, text=True,
                           timeout=300, cwd=cwd or REPO)
 
 

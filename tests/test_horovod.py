@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 from conftest import REPO
-from kit.errors import OptionError, WorkerError
-from kit.horovod import HorovodCluster, listening_addresses, slot_plan
+from kit.core.errors import OptionError, WorkerError
+from kit.core.horovod import HorovodCluster, listening_addresses, slot_plan
 
 MISSING = "Horovod is not installed in this environment: run `make horovod`"
 HOROVOD_MISSING = subprocess.run([sys.executable, "-c", "import horovod.tensorflow"], capture_output=True,
@@ -108,7 +108,7 @@ def test_a_missing_cmake_is_named_with_the_fix(tmp_path):
 # ----- on a cluster (functions shipped to the engines are defined inside the tests: by value) -----
 @pytest.mark.slow
 def test_two_ranks_train_to_identical_weights_and_stop_cleanly(make_horovod):
-    from kit.horovod_training import train_mnist
+    from kit.train.horovod_fit import train_mnist
 
     def engine_view():
         """What an engine sees before training: its Horovod variables, and no TF_CONFIG."""
@@ -152,7 +152,7 @@ def test_two_ranks_train_to_identical_weights_and_stop_cleanly(make_horovod):
 
 @pytest.mark.slow
 def test_a_lost_rank_stops_the_others_and_restart_gives_a_fresh_rendezvous(make_horovod, tmp_path):
-    from kit.horovod_training import time_allreduce
+    from kit.train.horovod_fit import time_allreduce
 
     def lose_rank_one(path):
         """Rank 1 dies after one all-reduce; rank 0 goes on all-reducing and writes what happened to it."""
@@ -196,7 +196,7 @@ def test_a_lost_rank_stops_the_others_and_restart_gives_a_fresh_rendezvous(make_
 
 @pytest.mark.slow
 def test_a_run_killed_from_outside_fails_on_that_rank(make_horovod):
-    from kit.horovod_training import train_mnist
+    from kit.train.horovod_fit import train_mnist
 
     cluster = make_horovod(workers=2)
     timer = threading.Timer(4.0, cluster.kill, args=("worker:1",))
@@ -235,7 +235,7 @@ def test_why_keras3_is_refused_horovods_optimizer_does_not_average_under_it(make
 
 
 def test_horovodrun_past_its_time_limit_is_killed_with_everything_it_started():
-    from kit.horovod import run_horovodrun
+    from kit.core.horovod import run_horovodrun
 
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     started = time.monotonic()

@@ -7,8 +7,8 @@ import datetime
 
 import pytest
 
-from kit import compat
-from kit.errors import KitError
+from kit.tools import compat
+from kit.core.errors import KitError
 
 
 def test_first_line_of_a_traced_error_is_the_real_error():

@@ -1,4 +1,4 @@
-"""kit.limits: CPU quota and memory limit from cgroups, the memory check before start, OOM kills named.
+"""kit.core.limits: CPU quota and memory limit from cgroups, the memory check before start, OOM kills named.
 
 The parsing is tested on fake /proc and cgroup trees (v1 and v2); as root, real cgroups (v1 here, the
 same code reads v2) limit a child process and an engine that the out-of-memory killer ends.
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from kit import limits
-from kit.errors import MemoryLimitWarning
+from kit.core import limits
+from kit.core.errors import MemoryLimitWarning
 
 GiB = 2**30
 
@@ -159,7 +159,7 @@ def cgroup():
 
 def test_a_cpu_quota_and_memory_limit_are_seen_by_a_process_inside(cgroup):
     group = cgroup(cpu_quota=1.0, memory=2 * GiB)
-    done = group.run("from kit import limits; l = limits.read(); print(l.cores, l.cpu_quota, l.memory_limit)", 60)
+    done = group.run("from kit.core import limits; l = limits.read(); print(l.cores, l.cpu_quota, l.memory_limit)", 60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "1.0", str(2 * GiB)]
 
@@ -169,8 +169,8 @@ def test_an_engine_killed_for_memory_is_reported_as_that(cgroup, no_leaks):
     group = cgroup(memory=1 * GiB)
     script = textwrap.dedent('''
         import warnings
-        from kit.cluster import TFCluster
-        from kit.errors import WorkerError
+        from kit.core.cluster import TFCluster
+        from kit.core.errors import WorkerError
 
         def hog():
             blocks = []

@@ -1,4 +1,4 @@
-"""kit.mirrored and kit.probes: the guide's tables, log reading, logical CPUs, the measuring callback."""
+"""kit.train.mirrored and kit.train.probes: the guide's tables, log reading, logical CPUs, the measuring callback."""
 
 import os
 import subprocess
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kit import mirrored, probes
-from kit._tf import import_tensorflow
-from kit.errors import KitError
+from kit.train import mirrored, probes
+from kit.train._tf import import_tensorflow
+from kit.core.errors import KitError
 
 
 def test_learning_rate_table_and_interpolation():
@@ -62,9 +62,9 @@ def test_guide_models_and_arrays_have_the_tutorials_shapes():
 
 def test_split_cpu_in_a_fresh_process():
     code = textwrap.dedent("""
-        from kit import mirrored
-        from kit._tf import import_tensorflow
-        from kit.errors import KitError
+        from kit.train import mirrored
+        from kit.train._tf import import_tensorflow
+        from kit.core.errors import KitError
         tf = import_tensorflow()
         devices = mirrored.split_cpu(3)
         assert len(devices) == 3, devices

@@ -18,12 +18,12 @@ import pytest
 import ipyparallel as ipp
 
 from conftest import can_make_namespaces, kit_processes, sh
-from kit.cluster import TFCluster
-from kit.errors import ClusterError, ExposedPortsWarning, OptionError
+from kit.core.cluster import TFCluster
+from kit.core.errors import ClusterError, ExposedPortsWarning, OptionError
 
 SUBNET = f"10.{77 + os.getpid() % 20}.{os.getpid() % 200}"  # a private /24 of this test run only
 # TFCluster warns that engines from elsewhere expose their servers; test_security.py checks the warning
-pytestmark = pytest.mark.filterwarnings("ignore::kit.errors.ExposedPortsWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::kit.core.errors.ExposedPortsWarning")
 
 
 class Hosts:
@@ -116,7 +116,7 @@ def test_workers_in_two_namespaces_train_with_their_own_addresses(hosts, ipp_clu
         assert "private network or VPN" in str(warned[0].message)
         assert all("reachable from the network" in t.listens_on for t in cluster.tasks)
         assert cluster.tf_configs["worker:0"]["cluster"] == cluster.tf_configs["worker:1"]["cluster"]
-        from kit.training import train_mnist
+        from kit.train.fit import train_mnist
         results = cluster.run(train_mnist, per_worker_batch=32, epochs=1, steps_per_epoch=5, verbose=0)
     np.testing.assert_allclose(results[0]["loss"], results[1]["loss"], rtol=1e-5)
     assert results[0]["workers"] == 2

@@ -1,11 +1,11 @@
-"""kit.multiworker: the deadline helper, error text, and (slow) the training function on two workers."""
+"""kit.train.multiworker: the deadline helper, error text, and (slow) the training function on two workers."""
 
 import os
 import time
 
 import pytest
 
-from kit import multiworker
+from kit.train import multiworker
 
 
 def test_call_with_deadline_returns_the_value():
@@ -62,9 +62,9 @@ def test_chief_writes_for_real_and_the_other_worker_in_a_temporary_directory(mak
         import os
         import time
 
-        from kit import multiworker
-        from kit._tf import import_tensorflow
-        from kit.training import make_strategy
+        from kit.train import multiworker
+        from kit.train._tf import import_tensorflow
+        from kit.train.fit import make_strategy
 
         tf = import_tensorflow()
         if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:

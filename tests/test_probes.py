@@ -1,12 +1,12 @@
-"""kit.probes.captured_tf_log: TensorFlow's Python log messages, collected instead of printed."""
+"""kit.train.probes.captured_tf_log: TensorFlow's Python log messages, collected instead of printed."""
 
 import logging
 
-from kit import probes
+from kit.train import probes
 
 
 def test_captured_tf_log_collects_info_and_up_and_restores_the_logger():
-    from kit._tf import import_tensorflow
+    from kit.train._tf import import_tensorflow
 
     tf = import_tensorflow()
     logger = tf.get_logger()
@@ -20,7 +20,7 @@ def test_captured_tf_log_collects_info_and_up_and_restores_the_logger():
 
 
 def test_captured_tf_log_sees_a_deprecation_notice():
-    from kit._tf import import_tensorflow
+    from kit.train._tf import import_tensorflow
 
     tf = import_tensorflow()
     from tensorflow.python.util import deprecation

@@ -1,11 +1,11 @@
-"""kit.ps: servers on workers and ps, the coordinator's loop and fit on the chief, measured."""
+"""kit.train.ps: servers on workers and ps, the coordinator's loop and fit on the chief, measured."""
 
 from __future__ import annotations
 
 import pytest
 
-from kit import ps
-from kit.errors import WorkerError
+from kit.train import ps
+from kit.core.errors import WorkerError
 
 
 def test_expected_shards_follow_min_size_partitioner():
@@ -34,7 +34,7 @@ def test_timeline_draws_one_bar_per_step(tmp_path):
 
 @pytest.fixture(scope="module")
 def ps_cluster():
-    from kit.cluster import TFCluster
+    from kit.core.cluster import TFCluster
 
     with TFCluster(chief=True, workers=2, ps=1) as cluster:
         yield cluster

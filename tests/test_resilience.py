@@ -9,8 +9,8 @@ import time
 import pytest
 
 from conftest import broken_startup
-from kit import resilience
-from kit.errors import FailuresExhaustedError
+from kit.train import resilience
+from kit.core.errors import FailuresExhaustedError
 
 
 # ----- the journal, without TensorFlow -------------------------------------------------------------
@@ -155,8 +155,8 @@ def test_a_task_that_never_comes_back_exhausts_max_failures(make_cluster, tmp_pa
 @pytest.mark.slow
 def test_chief_keeps_the_checkpoint_and_workers_write_disjoint_temporary_files(make_cluster, tmp_path):
     def save_from_every_worker(base_dir):
-        from kit import checkpoints
-        from kit._tf import import_tensorflow
+        from kit.train import checkpoints
+        from kit.train._tf import import_tensorflow
         tf = import_tensorflow()
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         with strategy.scope():
@@ -177,7 +177,7 @@ PS_SERVERS = ["worker:0", "worker:1", "ps:0"]
 
 
 def start_ps_servers(cluster):
-    from kit import ps
+    from kit.train import ps
     cluster.run(ps.start_server, tasks=PS_SERVERS, stream=False)
 
 

@@ -1,4 +1,4 @@
-"""kit.scaling: learning-rate rules, warmup, trial plans, loss curves and scaling efficiency."""
+"""kit.train.scaling: learning-rate rules, warmup, trial plans, loss curves and scaling efficiency."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kit import scaling
-from kit.errors import OptionError
+from kit.train import scaling
+from kit.core.errors import OptionError
 
 
 @pytest.mark.parametrize("rule, k, expected", [("none", 8, 0.1), ("linear", 8, 0.8), ("sqrt", 4, 0.2),
@@ -108,7 +108,7 @@ def test_scaling_efficiency_from_a_table():
 
 
 def test_train_mnist_with_warmup_and_evaluation_in_process():
-    from kit.training import train_mnist
+    from kit.train.fit import train_mnist
 
     plain = train_mnist(per_worker_batch=32, epochs=1, steps_per_epoch=3, strategy="default", verbose=0)
     assert "test_accuracy" not in plain  # the defaults return what they always returned

@@ -22,9 +22,9 @@ import psutil
 import pytest
 
 from conftest import REPO, can_make_namespaces, kit_processes, sh
-from kit import _netns
-from kit.cluster import TFCluster
-from kit.errors import ClusterError, ExposedPortsWarning
+from kit.core import _netns
+from kit.core.cluster import TFCluster
+from kit.core.errors import ClusterError, ExposedPortsWarning
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the engines cannot import this module
 SUBNET = f"10.{97 + os.getpid() % 20}.{os.getpid() % 200}"  # a private /24 of this test run only
@@ -265,7 +265,7 @@ def test_the_controller_and_the_engines_open_no_port_on_the_host(make_cluster):
 
 
 def test_the_controller_binds_the_ipc_names_its_engines_and_clients_connect_to():
-    from kit._controller import Controller
+    from kit.core._controller import Controller
 
     controller = Controller()
     controller.engine_info = {"interface": "ipc:///tmp/kit-cluster-a-b/sockets/c", "mux": 1234}
@@ -279,7 +279,7 @@ def test_an_unprivileged_user_gets_a_private_network_too(attacker, tmp_path):
     the namespace listens on every interface, and neither this host nor the attacker reaches it."""
     probe = textwrap.dedent('''
         import os, socket, sys
-        from kit import _netns
+        from kit.core import _netns
         _netns.enter(os.environ["KIT_NETNS"])
         s = socket.socket(socket.AF_INET6)
         s.bind(("::", 0))
@@ -290,7 +290,7 @@ def test_an_unprivileged_user_gets_a_private_network_too(attacker, tmp_path):
     script = textwrap.dedent('''
         import os, subprocess, sys
         import psutil
-        from kit import _lifeline, _netns
+        from kit.core import _lifeline, _netns
         network = _netns.PrivateNetwork.start(_lifeline.token(os.getpid()))
         probe = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env={**os.environ, "KIT_NETNS": network.token},
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -372,7 +372,7 @@ def test_horovod_ranks_are_not_reachable_from_another_host(attacker, no_leaks):
         if os.geteuid() == 0:
             pytest.fail(MISSING)  # as root (CI) `make test` builds it
         pytest.skip(MISSING)
-    from kit.horovod import HorovodCluster
+    from kit.core.horovod import HorovodCluster
 
     with HorovodCluster(workers=2, env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
         ports = sorted({port for ranks in cluster.run(horovod_ports, stream=False) for port in ranks})

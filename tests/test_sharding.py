@@ -1,9 +1,9 @@
-"""kit.sharding: MNIST as TFRecord files, policies, and the pure helpers the notebooks assert with."""
+"""kit.train.sharding: MNIST as TFRecord files, policies, and the pure helpers the notebooks assert with."""
 
 import numpy as np
 import pytest
 
-from kit import sharding
+from kit.train import sharding
 
 
 def small_npz(path, n=12):
@@ -61,7 +61,7 @@ def test_memory_dataset_and_source_choice(tmp_path, monkeypatch):
 
 
 def test_with_policy_sets_the_auto_shard_option():
-    from kit._tf import import_tensorflow
+    from kit.train._tf import import_tensorflow
 
     tf = import_tensorflow()
     dataset = sharding.with_policy(tf.data.Dataset.range(3), "OFF")

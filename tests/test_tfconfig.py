@@ -1,11 +1,11 @@
-"""kit.tfconfig: every way a TF_CONFIG is rejected, and what a valid one looks like."""
+"""kit.core.tfconfig: every way a TF_CONFIG is rejected, and what a valid one looks like."""
 
 import json
 
 import pytest
 
-from kit import tfconfig
-from kit.errors import TFConfigError
+from kit.core import tfconfig
+from kit.core.errors import TFConfigError
 
 W2 = {"worker": ["localhost:12345", "localhost:23456"]}
 

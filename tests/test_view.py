@@ -1,4 +1,4 @@
-"""kit.view and kit.progress: the live view of a run (table, states, logs, text fallback)."""
+"""kit.core.view and kit.train.progress: the live view of a run (table, states, logs, text fallback)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
-from kit import progress, view
-from kit.errors import OptionError
-from kit.options import ClusterOptions
+from kit.core import view
+from kit.train import progress
+from kit.core.errors import OptionError
+from kit.core.options import ClusterOptions
 
 
 def _task(name: str, pid: int = 100) -> SimpleNamespace:
@@ -114,7 +115,7 @@ def test_live_view_in_a_jupyter_kernel_reaches_done_and_keeps_logs_out_of_the_ce
         import kit
         def train(steps=6):
             import tensorflow as tf
-            from kit import progress
+            from kit.train import progress
             meter = progress.Meter(batch_size=16).begin(epochs=1, steps=steps)
             for step in range(1, steps + 1):
                 print("step", step, "of", steps)

@@ -43,7 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from kit import _lifeline, limits  # noqa: E402  (the repository's own kit, also when not installed)
+from kit.core import _lifeline, limits  # noqa: E402  (the repository's own kit, also when not installed)
 
 GiB = 2**30
 #: mybinder.org's memory per session: "up to 2 GB", read as 2 GiB (2 GB would be 1,907 MiB).
@@ -448,9 +448,9 @@ class Watched:
 def _kind(cmdline: list[str]) -> str | None:
     """The kit's process kinds, by command line."""
     text = " ".join(cmdline)
-    if "kit._lifeline ipyparallel.engine" in text:
+    if "kit.core._lifeline ipyparallel.engine" in text:
         return "engine"
-    if "kit._lifeline kit._controller" in text:
+    if "kit.core._lifeline kit.core._controller" in text:
         return "controller"
     if "ipykernel_launcher" in text or "-m ipykernel" in text:
         return "kernel"

@@ -114,8 +114,8 @@ def train_with_callbacks(model_dir: str, per_worker_batch: int = 64, epochs: int
     ``shuffle().repeat().batch(per_worker_batch × workers)`` with ``steps_per_epoch``.
     ``scale_learning_rate`` multiplies ``learning_rate`` by the number of workers (the rule of
     thumb for a global batch that grew by that factor). After ``fit``, every worker saves a
-    ``tf.train.Checkpoint`` with :func:`kit.checkpoints.save` into ``model_dir/manual`` and
-    restores it into a freshly built model with :func:`kit.checkpoints.restore_latest`.
+    ``tf.train.Checkpoint`` with :func:`kit.train.checkpoints.save` into ``model_dir/manual`` and
+    restores it into a freshly built model with :func:`kit.train.checkpoints.restore_latest`.
     ``tensorboard=None`` adds the TensorBoard callback when the tensorboard package is installed.
     """
     tf = import_tensorflow()

@@ -1,8 +1,8 @@
 """ParameterServerStrategy on a kit cluster: servers on the workers and ps, the coordinator on the chief.
 
     with kit.TFCluster(chief=True, workers=2, ps=1) as cluster:
-        cluster.run(kit.ps.start_server, tasks=["worker:0", "worker:1", "ps:0"])
-        loop, = cluster.run(kit.ps.train_custom_loop, steps=40, tasks=["chief:0"])
+        cluster.run(kit.train.ps.start_server, tasks=["worker:0", "worker:1", "ps:0"])
+        loop, = cluster.run(kit.train.ps.train_custom_loop, steps=40, tasks=["chief:0"])
 
 Workers and parameter servers only serve: ``tf.distribute.Server`` starts serving when it is
 constructed, and :func:`start_server` keeps it in a module global, so the ``cluster.run`` call
@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable
 
 from ._tf import import_tensorflow, keras_flavour
-from .errors import KitError
+from ..core.errors import KitError
 
 #: This process's ``tf.distribute.Server`` (workers and ps): a reference keeps it serving.
 _SERVER = None
@@ -217,7 +217,7 @@ def train_fit(epochs: int = 2, steps_per_epoch: int | None = 20, per_worker_batc
     """On the chief: ``model.fit`` with a ``DatasetCreator``, which makes the dataset on each worker.
 
     Keras 3 has no ``DatasetCreator``; there ``fit`` gets the dataset itself (and, measured by
-    :mod:`kit.compat`, fails).
+    :mod:`kit.tools.compat`, fails).
     """
     tf = import_tensorflow()
     from .custom_loop import build_model
@@ -268,7 +268,7 @@ def timeline(ps_steps: list[dict[str, Any]], mwms_runs: list[dict[str, Any]],
 
     Top: ParameterServerStrategy (``ps_steps``, from :func:`train_custom_loop`); a stale update's
     bar is red. Bottom: MultiWorkerMirroredStrategy (``mwms_runs``, one
-    :func:`kit.custom_loop.train_loop` result per worker).
+    :func:`kit.train.custom_loop.train_loop` result per worker).
     """
     from pathlib import Path
 

@@ -1,6 +1,6 @@
 """Parameter sweeps over a notebook with papermill, and the results table they build.
 
-    table = kit.experiments.sweep("trials/scaling-trial.ipynb",
+    table = kit.tools.experiments.sweep("trials/scaling-trial.ipynb",
                                   {"workers": [1, 2], "lr_rule": ["none", "linear"]}, "out/sweep")
 
 runs the notebook once per grid point, each run in a fresh kernel (so each notebook starts, and
@@ -8,7 +8,7 @@ stops, its own cluster), with the point's values injected after the notebook's `
 Every executed notebook is kept under ``out_dir`` with a name built from its parameters
 (``scaling-trial_lr_rule-linear_workers-2.ipynb``). The notebook hands its metrics back with
 
-    kit.experiments.record(RESULTS_PATH, accuracy=0.97, examples_per_second=1800.0)
+    kit.tools.experiments.record(RESULTS_PATH, accuracy=0.97, examples_per_second=1800.0)
 
 where ``RESULTS_PATH`` is a parameter (default ``None``) that the sweep sets to a JSON file next to
 the executed notebook. The sweep gathers parameters + metrics into ``results.csv`` and
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from .errors import KitError
-from .view import text_in_kernels_started_here
+from ..core.errors import GridError, KitError
+from ..core.view import text_in_kernels_started_here
 
 #: The parameter through which a sweep tells the notebook where to record its metrics.
 RESULTS_PARAMETER = "RESULTS_PATH"
@@ -41,15 +41,6 @@ METRICS_SUFFIX = ".metrics.json"
 #: Columns the sweep adds to each row; notebooks cannot record metrics with these names.
 RESERVED = ("status", "error", "notebook", "seconds", "reused")
 _SCALARS = (str, int, float, bool, type(None))
-
-
-class GridError(KitError, ValueError):
-    """A sweep's grid does not fit its notebook; ``parameter`` names the offending grid entry."""
-
-    def __init__(self, parameter: str | None, problem: str, fix: str):
-        self.parameter = parameter
-        where = f"grid parameter {parameter!r}" if parameter else "grid"
-        super().__init__(f"{where}: {problem}. Fix: {fix}")
 
 
 # ----- inside the notebook ----------------------------------------------------------------------
@@ -68,7 +59,6 @@ def record(results_path: str | os.PathLike | None, **metrics: Any) -> dict[str, 
     clean = {name: _jsonable(value, name) for name, value in metrics.items()}
     if results_path is not None:
         from . import results
-
         results.save(results_path, {"metrics": clean})
     return clean
 
@@ -171,7 +161,7 @@ def validate(notebook: str | os.PathLike, grid: Mapping[str, Any] | Sequence[Map
     if RESULTS_PARAMETER not in defined:
         raise KitError(f"{path.name}'s parameters cell does not define {RESULTS_PARAMETER}. Fix: add "
                        f"`{RESULTS_PARAMETER} = None` to it and end the notebook with "
-                       f"`kit.experiments.record({RESULTS_PARAMETER}, metric=value, ...)`")
+                       f"`kit.tools.experiments.record({RESULTS_PARAMETER}, metric=value, ...)`")
     both = sorted(set(points[0]) & set(fixed))
     if both:
         raise GridError(both[0], "is both a grid axis and a fixed parameter",
@@ -306,7 +296,7 @@ def sweep(notebook: str | os.PathLike, grid: Mapping[str, Any] | Sequence[Mappin
             seconds = time.perf_counter() - started
             if error is None and not metrics_file.is_file():
                 error = (f"the notebook finished without recording metrics: call "
-                         f"kit.experiments.record({RESULTS_PARAMETER}, ...) in it")
+                         f"kit.tools.experiments.record({RESULTS_PARAMETER}, ...) in it")
             if error is None:
                 rows.append(_row(run_parameters, output, "ok", _read_metrics(metrics_file), seconds))
             else:
@@ -334,7 +324,6 @@ def _already_done(output: Path, metrics_file: Path, run_parameters: Mapping[str,
 
 def _read_metrics(path: Path) -> dict[str, Any]:
     from . import results
-
     return dict(results.load(path).get("metrics", {}))
 
 

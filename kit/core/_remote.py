@@ -32,21 +32,21 @@ def report() -> dict[str, Any]:
 
 def _cores() -> int:
     """This engine's usable cores, CPU quota included."""
-    from kit.limits import read
+    from kit.core.limits import read
 
     return read().cores
 
 
 def port_is_free(port: int) -> bool:
     """Whether ``port`` can be bound on all interfaces of this engine's host."""
-    from kit.tfconfig import port_is_free as check
+    from kit.core.tfconfig import port_is_free as check
 
     return check(port)
 
 
 def free_port() -> int:
     """A port that is free on this engine's host now."""
-    from kit.tfconfig import free_port as pick
+    from kit.core.tfconfig import free_port as pick
 
     return pick()
 
@@ -65,7 +65,7 @@ def call_with_sources(sources: dict[str, tuple], fn, *args: Any, **kwargs: Any) 
     A function sent from a notebook keeps its cell's file name (``/tmp/ipykernel_.../NNN.py``), which
     does not exist on the engine: without the source, AutoGraph cannot convert a ``map`` function or a
     ``tf.function`` defined in a cell (it warns, several lines per function, and runs it as is) and
-    tracebacks show no code. With the kernel's entries (see :func:`kit.cluster.notebook_sources`),
+    tracebacks show no code. With the kernel's entries (see :func:`kit.core.cluster.notebook_sources`),
     ``inspect.getsource`` works there as it does in the notebook, for the cell as it is now.
     """
     import linecache

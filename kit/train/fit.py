@@ -19,7 +19,7 @@ STRATEGIES = ("multi_worker_mirrored", "default")
 def make_strategy(name: str):
     """``multi_worker_mirrored`` (reads TF_CONFIG) or ``default`` (one process, no distribution).
 
-    ``multi_worker_mirrored`` is this process's one strategy (:func:`kit.multiworker.strategy`): a
+    ``multi_worker_mirrored`` is this process's one strategy (:func:`kit.train.multiworker.strategy`): a
     second one, made for the next run on the same engines, re-configures collectives and aborts a
     worker whose first broadcast reached the chief before the chief made its own second strategy.
     """
@@ -44,17 +44,16 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
     and accuracies per epoch, loss per step, steady-state examples/s (epochs after the first, which
     includes tracing) and wall time.
 
-    Optional (kit.scaling, notebook 08): ``warmup_steps > 0`` ramps the learning rate linearly from
+    Optional (kit.train.scaling, notebook 08): ``warmup_steps > 0`` ramps the learning rate linearly from
     ``warmup_from`` to ``learning_rate`` over the first steps (gradual warmup); ``eval_examples > 0``
     also evaluates on that many MNIST test examples and adds ``test_loss`` and ``test_accuracy``.
 
-    Speed (kit.bench, docs/performance.md): ``gradient_compression="fp16"`` sums gradients across
+    Speed (kit.tools.bench, docs/performance.md): ``gradient_compression="fp16"`` sums gradients across
     workers in float16; ``steps_per_execution=k`` runs k steps per call into TensorFlow, and then
     ``step_loss`` has one entry per k steps.
     """
     tf = import_tensorflow()
     from . import data, models
-
     started = time.perf_counter()
     tf.keras.utils.set_random_seed(seed)
     dist = make_strategy(strategy)

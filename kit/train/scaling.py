@@ -20,7 +20,7 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
-from .errors import OptionError
+from ..core.errors import OptionError
 
 RULES = ("none", "linear", "sqrt")
 
@@ -129,7 +129,7 @@ class Trial:
                 self.learning_rate, warm, self.warmup_from if warm else None)
 
     def train_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for :func:`kit.training.train_mnist`."""
+        """Keyword arguments for :func:`kit.train.fit.train_mnist`."""
         return {"per_worker_batch": self.per_worker_batch, "epochs": self.epochs,
                 "steps_per_epoch": self.steps_per_epoch, "learning_rate": self.learning_rate,
                 "warmup_steps": self.warmup_steps, "warmup_from": self.warmup_from}
@@ -224,7 +224,7 @@ def run_trial(cluster, trial: Trial, *, eval_examples: int = 2000, seed: int = 4
     accuracy and loss, the final training loss (mean of the last eighth of the steps), the per-step
     losses (``loss_curve``), examples/s (epochs after the first), and whether all workers agree.
     """
-    from .training import train_mnist
+    from .fit import train_mnist
 
     if len(cluster.task_names) != trial.workers:
         raise OptionError("workers", f"the trial wants {trial.workers} worker(s), the cluster has "

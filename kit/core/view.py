@@ -8,7 +8,7 @@ The state of every task lives in one :class:`RunView`; how it is shown is chosen
 - ``text``: each task's lines printed with its name in front, and its progress at most every
   :data:`TEXT_PROGRESS_SECONDS` (papermill, nbval, a terminal: no widget frontend there).
 
-Tasks send progress with :mod:`kit.progress`; the states come from the cluster (``ready``,
+Tasks send progress with :mod:`kit.train.progress`; the states come from the cluster (``ready``,
 ``restarting``) and from ipyparallel's metadata of the run (``running``, ``done``, ``failed``).
 """
 
@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, Iterable
 
-from .progress import KEY
+from ..train.progress import KEY
 
 #: The states a task goes through, in the order the table's colours follow.
 STATES = ("starting", "ready", "running", "done", "failed", "restarting")
@@ -82,7 +82,7 @@ class TaskRow:
     def lag(self) -> float | None:
         """Seconds from the task's last progress report to its result (None if either is missing).
 
-        A training function's last report comes with its last step (:func:`kit.progress.callback`),
+        A training function's last report comes with its last step (:func:`kit.train.progress.callback`),
         so this is the time the function spent after training: notebook 01 measures with it how
         late ``fit`` returns when TensorFlow's input pipeline is slow to shut down.
         """

@@ -88,9 +88,9 @@ def throughput(workers: int, keras: str, per_worker_batch: int, epochs: int, ste
                memory: bool = False, **training: Any) -> dict[str, Any]:
     """Steady-state examples/s of the seeds' model: one process (``workers=1``, the global batch
     of two workers) or ``workers`` MultiWorkerMirroredStrategy tasks; ``training`` goes to
-    :func:`kit.training.train_mnist` (e.g. :data:`TUNED`)."""
-    from .cluster import TFCluster
-    from .training import train_mnist
+    :func:`kit.train.fit.train_mnist` (e.g. :data:`TUNED`)."""
+    from ..core.cluster import TFCluster
+    from ..train.fit import train_mnist
 
     strategy = "default" if workers == 1 else "multi_worker_mirrored"
     batch = per_worker_batch * (2 if workers == 1 else 1)  # same global batch as 2 workers
@@ -109,9 +109,9 @@ def throughput(workers: int, keras: str, per_worker_batch: int, epochs: int, ste
 
 def horovod_throughput(per_worker_batch: int, epochs: int, steps: int, **training: Any) -> dict[str, Any]:
     """Steady-state examples/s of the seeds' model on two Horovod ranks (Gloo), the seeds' recipe
-    (:func:`kit.horovod_training.train_mnist`), at the same per-worker batch as the MWMS variants."""
-    from .horovod import HorovodCluster
-    from .horovod_training import train_mnist
+    (:func:`kit.train.horovod_fit.train_mnist`), at the same per-worker batch as the MWMS variants."""
+    from ..core.horovod import HorovodCluster
+    from ..train.horovod_fit import train_mnist
 
     with HorovodCluster(workers=2) as cluster:
         results = cluster.run(train_mnist, per_worker_batch=per_worker_batch, epochs=epochs,
@@ -140,7 +140,7 @@ def measure_variant(variant: str, batch: int, epochs: int, steps: int, memory: b
 
 def _make_strategy() -> int:
     """Build MultiWorkerMirroredStrategy and run its first all-reduce (a first step's communication)."""
-    from .training import make_strategy
+    from ..train.fit import make_strategy
 
     strategy = make_strategy("multi_worker_mirrored")
     import tensorflow as tf
@@ -154,8 +154,8 @@ def time_to_ready(workers: int = 2, isolation: str = "auto") -> float:
     and its first all-reduce done. ``isolation="none"``: the tasks on the host's network."""
     import warnings
 
-    from .cluster import TFCluster
-    from .errors import ExposedPortsWarning
+    from ..core.cluster import TFCluster
+    from ..core.errors import ExposedPortsWarning
 
     start = time.perf_counter()
     with warnings.catch_warnings():
@@ -185,7 +185,7 @@ def notebook_times(notebooks: list[Path]) -> dict[str, float]:
     import nbformat
     from nbclient import NotebookClient
 
-    from .view import text_in_kernels_started_here
+    from ..core.view import text_in_kernels_started_here
 
     times = {}
     with tempfile.TemporaryDirectory(prefix="kit-bench-nb-") as out, text_in_kernels_started_here():
@@ -213,8 +213,8 @@ def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int
     ``save(report)`` is called after each section, so that a failure later on keeps what was measured.
     ``variants`` chooses what the throughput section measures (the Horovod ones are left out, with a
     note, where Horovod is not installed)."""
-    from .cluster import _usable_cores
-    from .horovod import horovod_version
+    from ..core.cluster import _usable_cores
+    from ..core.horovod import horovod_version
 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -326,7 +326,7 @@ def format_report(report: dict[str, Any]) -> str:
                 cells.append(f"{row[key]:>10.2f}" if key in row else f"{'-':>10}")
         lines.append(" | ".join(cells))
     lines.append("(tuned: " + ", ".join(f"{k}={v}" for k, v in TUNED.items()) + "; Horovod: the seeds' "
-                 "recipe, kit.horovod_training.train_mnist, Gloo; Horovod tuned: steps_per_execution=10; "
+                 "recipe, kit.train.horovod_fit.train_mnist, Gloo; Horovod tuned: steps_per_execution=10; "
                  "fp16: hvd.Compression.fp16)")
     lines.append("")
     for key, goal in report.get("goals", {}).items():
@@ -369,7 +369,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kit.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m kit.tools.bench", description=__doc__)
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))
 

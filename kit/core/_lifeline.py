@@ -4,8 +4,8 @@ A killed notebook kernel runs no ``atexit`` handler, and an ipyparallel engine n
 controller only after ~50 missed heartbeats (minutes), while the controller's scheduler
 processes outlive a killed controller. So the kit starts its controller and engines as::
 
-    python -m kit._lifeline kit._controller [args...]
-    python -m kit._lifeline ipyparallel.engine [args...]
+    python -m kit.core._lifeline kit.core._controller [args...]
+    python -m kit.core._lifeline ipyparallel.engine [args...]
 
 with ``KIT_LIFELINE="pid:start_time,..."`` in their environment: a daemon thread polls those
 processes and ends this one (``os._exit``) when any of them has exited. The start time guards
@@ -13,7 +13,7 @@ against a recycled pid. Engines on other hosts cannot see local pids; there the 
 heartbeat check (``--IPEngine.max_heartbeat_misses``) is the fallback.
 
 An engine whose environment has ``KIT_NETNS`` first joins the cluster's private network namespace
-(:mod:`kit._netns`).
+(:mod:`kit.core._netns`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import threading
 import psutil
 
 ENV_VAR = "KIT_LIFELINE"
-#: An engine's variable naming the holder of its cluster's private network (kit._netns), "pid:start_time".
+#: An engine's variable naming the holder of its cluster's private network (kit.core._netns), "pid:start_time".
 NETNS_ENV_VAR = "KIT_NETNS"
 POLL_SECONDS = 0.5
 
@@ -88,9 +88,9 @@ def _start_thread(watched: list[tuple[int, float]], stop: threading.Event) -> No
 
 def main(argv: list[str]) -> None:
     if not argv:
-        raise SystemExit("usage: python -m kit._lifeline MODULE [ARGS...]")
+        raise SystemExit("usage: python -m kit.core._lifeline MODULE [ARGS...]")
     netns = os.environ.get(NETNS_ENV_VAR)
-    if netns:  # an engine of a local cluster: into the cluster's private network first (kit._netns),
+    if netns:  # an engine of a local cluster: into the cluster's private network first (kit.core._netns),
         from . import _netns  # while this process has one thread, as joining a user namespace needs
 
         _netns.enter(netns)

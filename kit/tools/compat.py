@@ -5,7 +5,7 @@ MultiWorkerMirroredStrategy, ParameterServerStrategy) × training API (``model.f
 loop) is *run* on a :class:`kit.TFCluster` started with ``keras="tf-keras"`` or ``keras="keras3"``,
 for a few steps of the kit's MNIST CNN; the outcome is "ok" or the error's first line.
 
-    python -m kit.compat --out docs/keras-compatibility.md
+    python -m kit.tools.compat --out docs/keras-compatibility.md
 
 Combinations that need the same cluster layout share one cluster (its processes run the custom
 loop first, then ``model.fit``); a cluster that timed out or lost a task is restarted.
@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from .errors import ClusterError, KitError, WorkerError
+from ..core.errors import ClusterError, KitError, WorkerError
 
 if TYPE_CHECKING:
-    from .cluster import TFCluster
+    from ..core.cluster import TFCluster
 
 KERAS = ("tf-keras", "keras3")
 STRATEGIES = ("default", "mirrored", "multi_worker_mirrored", "parameter_server")
@@ -49,7 +49,7 @@ MODE_LABELS = {"fit": "model.fit", "custom_loop": "custom loop"}
 LOGICAL_CPUS = 2
 DEFAULT_STEPS = 3
 DEFAULT_TIMEOUT = 180.0
-DOCS_TABLE = Path(__file__).resolve().parent.parent / "docs" / "keras-compatibility.md"
+DOCS_TABLE = Path(__file__).resolve().parents[2] / "docs" / "keras-compatibility.md"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,23 +107,21 @@ def attempt(strategy: str, mode: str, steps: int = DEFAULT_STEPS) -> dict[str, A
     first split into :data:`LOGICAL_CPUS` logical devices (this must be the process's first
     TensorFlow work); for ``parameter_server`` this runs on the chief, with the servers started.
     """
-    from ._tf import keras_flavour
+    from ..train._tf import keras_flavour
 
     started = time.perf_counter()
     try:
         if strategy == "parameter_server":
-            from . import ps
-
+            from ..train import ps
             if mode == "fit":
                 ps.train_fit(epochs=1, steps_per_epoch=steps, per_worker_batch=16, examples=512,
                              max_shards=1)
             else:
                 ps.train_custom_loop(steps=steps, per_worker_batch=16, examples=512, max_shards=1)
         else:
-            from . import custom_loop
-
+            from ..train import custom_loop
             if strategy in ("default", "mirrored"):
-                from .mirrored import split_cpu
+                from ..train.mirrored import split_cpu
 
                 split_cpu(LOGICAL_CPUS)
             train = custom_loop.train_fit if mode == "fit" else custom_loop.train_loop
@@ -145,7 +143,7 @@ def run_on_cluster(cluster: "TFCluster", strategy: str, mode: str, steps: int = 
     """
     keras = cluster.options.keras
     if strategy == "parameter_server":
-        from .ps import start_server
+        from ..train.ps import start_server
 
         cluster.run(start_server, tasks=[n for n in cluster.task_names if n != "chief:0"],
                     stream=False)
@@ -172,7 +170,7 @@ def run_on_cluster(cluster: "TFCluster", strategy: str, mode: str, steps: int = 
 def run_combination(keras: str, strategy: str, mode: str, steps: int = DEFAULT_STEPS,
                     timeout: float = DEFAULT_TIMEOUT) -> Outcome:
     """Start a cluster for one combination, run it, stop the cluster."""
-    from .cluster import TFCluster
+    from ..core.cluster import TFCluster
 
     _check(keras, strategy, mode)
     with TFCluster(**TOPOLOGIES[strategy], keras=keras) as cluster:
@@ -185,7 +183,7 @@ def run_all(keras: Iterable[str] = KERAS, strategies: Iterable[str] = STRATEGIES
             progress: Callable[[Outcome], None] | None = None) -> list[Outcome]:
     """Run every combination; one cluster per Keras choice and topology. Returns the outcomes
     in table order (strategy, mode, Keras)."""
-    from .cluster import TFCluster
+    from ..core.cluster import TFCluster
 
     keras, strategies, modes = list(keras), list(strategies), list(modes)
     for k in keras:
@@ -233,7 +231,7 @@ def to_markdown(outcomes: list[Outcome], steps: int = DEFAULT_STEPS,
                 command: str | None = None) -> str:
     """The compatibility table as a Markdown document, with how and when it was measured."""
     when = when or datetime.date.today()
-    command = command or f"python -m kit.compat --out docs/keras-compatibility.md --steps {steps}"
+    command = command or f"python -m kit.tools.compat --out docs/keras-compatibility.md --steps {steps}"
     found = versions()
     keras = [k for k in KERAS if any(o.keras == k for o in outcomes)]
     by_key = {o.key: o for o in outcomes}
@@ -266,10 +264,10 @@ def to_markdown(outcomes: list[Outcome], steps: int = DEFAULT_STEPS,
         f"`{command}` ({when.isoformat()}{took}). "
         "For each Keras choice it starts a `kit.TFCluster` with `keras=\"tf-keras\"` "
         "(`TF_USE_LEGACY_KERAS=1`) or `keras=\"keras3\"` (`TF_USE_LEGACY_KERAS=0`) and runs "
-        f"`kit.compat.attempt` for {steps} steps: `kit.custom_loop.train_loop` / `train_fit` for the "
+        f"`kit.tools.compat.attempt` for {steps} steps: `kit.train.custom_loop.train_loop` / `train_fit` for the "
         "default strategy and MirroredStrategy (one task, the CPU split into "
         f"{LOGICAL_CPUS} logical devices) and for MultiWorkerMirroredStrategy (2 workers), "
-        "`kit.ps.train_custom_loop` / `train_fit` for ParameterServerStrategy (chief, 2 workers, "
+        "`kit.train.ps.train_custom_loop` / `train_fit` for ParameterServerStrategy (chief, 2 workers, "
         "1 ps; variables not partitioned; `fit` gets a `DatasetCreator`, or with Keras 3, which has "
         "none, the dataset itself). \"ok\" means the steps ran without an error; it does not check "
         "the losses. Strategies with the same cluster layout "
@@ -310,7 +308,7 @@ def matches(outcome: Outcome, cell: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kit.compat", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kit.tools.compat", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="write the Markdown table here")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps per run")
     parser.add_argument("--keras", nargs="+", choices=KERAS, default=list(KERAS))
@@ -326,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     outcomes = run_all(args.keras, args.strategies, args.modes, args.steps, args.timeout, report)
-    command = ["python -m kit.compat"] + ([f"--out {args.out}"] if args.out else []) + [f"--steps {args.steps}"]
+    command = ["python -m kit.tools.compat"] + ([f"--out {args.out}"] if args.out else []) + [f"--steps {args.steps}"]
     for name, everything in (("keras", KERAS), ("strategies", STRATEGIES), ("modes", MODES)):
         if list(getattr(args, name)) != list(everything):
             command.append(f"--{name} {' '.join(getattr(args, name))}")

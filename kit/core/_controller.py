@@ -1,7 +1,7 @@
 """ipyparallel's controller, listening on unix sockets that its engines and clients can find.
 
 A local cluster's controller listens on unix sockets (ZMQ ``ipc://``) in the cluster's 0700 profile
-folder, not on TCP: its engines live in a private network namespace (:mod:`kit._netns`), which a
+folder, not on TCP: its engines live in a private network namespace (:mod:`kit.core._netns`), which a
 unix socket crosses and a loopback address does not.
 
 The fix this module carries: ipyparallel 9.2's controller binds an ipc channel at

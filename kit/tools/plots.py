@@ -93,12 +93,12 @@ def _truthy(value: object) -> bool:
 
 def _ok_rows(table, needed: Sequence[str]):
     """The table's successful rows that have ``needed`` columns; KitError naming what is missing."""
-    from .errors import KitError
+    from ..core.errors import KitError
 
     missing = [c for c in needed if c not in table.columns]
     if missing:
         raise KitError(f"the results table has no column(s) {', '.join(missing)}. Fix: record them "
-                       "from the notebook (kit.experiments.record(RESULTS_PATH, ...))")
+                       "from the notebook (kit.tools.experiments.record(RESULTS_PATH, ...))")
     rows = table[table["status"] == "ok"] if "status" in table.columns else table
     if rows.empty:
         raise KitError("the results table has no successful run. Fix: look at its error column, "
@@ -191,16 +191,16 @@ def loss_vs_examples(table, path: str | os.PathLike | None = None, curve: str = 
 
     import matplotlib.pyplot as plt
 
-    from .scaling import smooth
+    from ..train.scaling import smooth
 
     rows = _ok_rows(table, [batch, curve, "lr_rule"])
     rows = rows[rows[curve].map(lambda c: isinstance(c, (list, tuple)) and len(c) > 0)]
     batches = sorted(rows[batch].astype(int).unique())
     if not batches:
-        from .errors import KitError
+        from ..core.errors import KitError
 
         raise KitError(f"no successful run has a {curve!r} curve. Fix: record the per-step losses, "
-                       f"e.g. kit.experiments.record(RESULTS_PATH, {curve}=[...])")
+                       f"e.g. kit.tools.experiments.record(RESULTS_PATH, {curve}=[...])")
     columns = min(4, len(batches))
     nrows = math.ceil(len(batches) / columns)
     fig, axes = plt.subplots(nrows, columns, figsize=(3.6 * columns, 3.2 * nrows), squeeze=False,
@@ -242,7 +242,7 @@ def throughput(table, path: str | os.PathLike | None = None, by: str = "per_work
     """
     import matplotlib.pyplot as plt
 
-    from .scaling import scaling_efficiency
+    from ..train.scaling import scaling_efficiency
 
     rows = _ok_rows(table, ["workers", by, "examples_per_second"])
     speed = scaling_efficiency(rows, by=by)
@@ -282,7 +282,7 @@ def plot_results(source, out_dir: str | os.PathLike | None = None, close: bool =
     """
     import matplotlib.pyplot as plt
 
-    from .errors import KitError
+    from ..core.errors import KitError
     from .experiments import load_results
 
     if isinstance(source, (str, os.PathLike)):

@@ -68,6 +68,15 @@ class FailuresExhaustedError(KitError, RuntimeError):
                          "raise max_failures if the failures are transient")
 
 
+class GridError(KitError, ValueError):
+    """A sweep's grid does not fit its notebook; ``parameter`` names the offending grid entry."""
+
+    def __init__(self, parameter: str | None, problem: str, fix: str):
+        self.parameter = parameter
+        where = f"grid parameter {parameter!r}" if parameter else "grid"
+        super().__init__(f"{where}: {problem}. Fix: {fix}")
+
+
 class ExposedPortsWarning(UserWarning):
     """A cluster's TensorFlow servers can be reached from other hosts (they accept any op from anyone
     who connects); the message names the ports and what to do (README, Security)."""
@@ -75,4 +84,4 @@ class ExposedPortsWarning(UserWarning):
 
 class MemoryLimitWarning(UserWarning):
     """A cluster about to start will probably not fit in this machine's (or container's) memory limit;
-    the message gives the numbers and the fix (:mod:`kit.limits`)."""
+    the message gives the numbers and the fix (:mod:`kit.core.limits`)."""

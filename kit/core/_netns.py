@@ -9,11 +9,11 @@ sockets in the cluster's 0700 profile folder, which cross namespaces (docs/secur
 
 One small *holder* process makes the namespace and keeps it alive::
 
-    python -m kit._netns        # unshare(CLONE_NEWNET), as root; unprivileged: CLONE_NEWUSER too
+    python -m kit.core._netns        # unshare(CLONE_NEWNET), as root; unprivileged: CLONE_NEWUSER too
 
 It prints ``ready`` once the loopback interface is up, and exits when its owner (the kernel) is gone
-(:mod:`kit._lifeline`) or when the cluster stops it. Each engine joins it first thing, in
-:mod:`kit._lifeline`, with ``KIT_NETNS=pid:start_time`` of the holder in its environment.
+(:mod:`kit.core._lifeline`) or when the cluster stops it. Each engine joins it first thing, in
+:mod:`kit.core._lifeline`, with ``KIT_NETNS=pid:start_time`` of the holder in its environment.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import tempfile
 import threading
 
 from . import _lifeline
-
 ENV_VAR = _lifeline.NETNS_ENV_VAR
 READY = "ready"
 #: How long the holder may take to make the namespace (measured: 43-64 ms, mostly Python's start-up;
@@ -112,7 +111,7 @@ def enter(token: str) -> None:
 def _keep_inspectable(libc: ctypes.CDLL) -> None:
     """Gaining capabilities (a new or joined user namespace) makes a process non-dumpable, which
     hides its /proc/PID/environ from its own user, and with it from the kit's census of its
-    processes (:func:`kit.cluster.kit_processes`). Undo that."""
+    processes (:func:`kit.core.cluster.kit_processes`). Undo that."""
     _call(libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
 
 
@@ -131,7 +130,7 @@ class PrivateNetwork:
             raise Unavailable(f"network namespaces are Linux only (this is {sys.platform})")
         with tempfile.TemporaryFile("w+") as errors:  # a file, not a pipe: the holder may outlive us
             process = subprocess.Popen(
-                [sys.executable, "-m", "kit._netns"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                [sys.executable, "-m", "kit.core._netns"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=errors, text=True, env={**os.environ, _lifeline.ENV_VAR: lifeline},
             )
             line = _read_line(process, timeout)

@@ -15,8 +15,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ._tf import import_tensorflow
-from .errors import KitError
-from .probes import captured_tf_log  # noqa: F401  (notebook 02 and kit.multiworker use it from here)
+from ..core.errors import KitError
+from .probes import captured_tf_log  # noqa: F401  (notebook 02 and kit.train.multiworker use it from here)
 
 #: The guide's learning rate for each *global* batch size (per-replica batch 5 × 1, 2, 4 replicas).
 LEARNING_RATES_BY_BATCH_SIZE = {5: 0.1, 10: 0.15, 20: 0.175}
@@ -31,7 +31,7 @@ def split_cpu(n: int) -> list:
 
     Must run before TensorFlow initializes its runtime (any op, or listing logical devices,
     initializes it). Calling it again with the same ``n`` is harmless; with another ``n`` after
-    initialization it raises :class:`~kit.errors.KitError` saying to restart the process.
+    initialization it raises :class:`~kit.core.errors.KitError` saying to restart the process.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise KitError(f"n={n!r}: the number of logical CPUs must be a whole number >= 1")

@@ -9,11 +9,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from . import tfconfig
-from .errors import KitError, TFConfigError
-from .view import text_in_kernels_started_here
+from ..core import tfconfig
+from ..core.errors import KitError, TFConfigError
+from ..core.view import text_in_kernels_started_here
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO_ROOT / "notebooks"
 DEMO_NOTEBOOK = NOTEBOOKS / "01-single-vs-multi-worker.ipynb"
 
@@ -92,7 +92,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
               f"The partial notebook, with the error at the top, is at {output}", file=sys.stderr)
         return 1
     from . import results
-
     summary = results.load(out / "demo-results.json")
     print(format_table(summary["rows"]))
     print(f"\nworkers' losses agree: {summary['workers_agree']}")
@@ -104,7 +103,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     import logging
 
     from . import experiments
-
     if args.verbose:  # papermill echoes each notebook's output through logging
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     notebook = Path(args.notebook)
@@ -132,7 +130,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from . import plots
-
     for name, path in plots.plot_results(args.directory).items():
         print(f"{name}: {path}")
     return 0
@@ -185,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "kernel; keeps every executed notebook in --out under a name built "
                                    "from its parameters, and writes results.csv and results.json "
                                    "(parameters + the metrics the notebook records with "
-                                   "kit.experiments.record(RESULTS_PATH, ...)). A failed run is a row "
+                                   "kit.tools.experiments.record(RESULTS_PATH, ...)). A failed run is a row "
                                    "with its error; exit 1 if any run failed, 2 if the grid does not fit "
                                    "the notebook.",
                        epilog="example: kit sweep notebooks/trials/scaling-trial.ipynb -p workers 1 2 "
@@ -227,9 +224,9 @@ def _delegate(parser: argparse.ArgumentParser, module: str) -> None:
     import importlib
 
     def run(args: argparse.Namespace) -> int:
-        return importlib.import_module(f"kit.{module}").run_from_args(args)
+        return importlib.import_module(f"kit.tools.{module}").run_from_args(args)
 
-    importlib.import_module(f"kit.{module}").add_arguments(parser)  # cheap: heavy imports are lazy
+    importlib.import_module(f"kit.tools.{module}").add_arguments(parser)  # cheap: heavy imports are lazy
     parser.set_defaults(func=run)
 
 

@@ -2,11 +2,11 @@
 
 On an engine, :func:`publish` sends a small dict to the kernel over ipyparallel's data channel
 (``publish_data``, on the engine's IOPub stream: no socket or file of the kit's own); the kernel's
-:class:`kit.view.RunView` shows the newest one per task. Outside an engine (a plain Python process,
+:class:`kit.core.view.RunView` shows the newest one per task. Outside an engine (a plain Python process,
 a test) it does nothing, so training code can call it anywhere.
 
-    model.fit(dataset, callbacks=[kit.progress.callback(batch_size=64)])   # Keras
-    kit.progress.publish(step=step, steps=total, loss=loss)                  # a custom loop
+    model.fit(dataset, callbacks=[kit.train.progress.callback(batch_size=64)])   # Keras
+    kit.train.progress.publish(step=step, steps=total, loss=loss)                  # a custom loop
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@
 The cluster starts an ipyparallel controller and one engine *set* per TF task (so one task can be
 signalled, killed or restarted alone), picks a free port per task, and launches each engine with
 TF_CONFIG, TF_USE_LEGACY_KERAS and thread limits in its environment, before TensorFlow is
-imported. The engines live in a private network namespace (:mod:`kit._netns`), because TensorFlow's
+imported. The engines live in a private network namespace (:mod:`kit.core._netns`), because TensorFlow's
 servers listen on every interface and run any op a stranger sends; the controller talks to them, and
 the kernel to it, over unix sockets in the cluster's 0700 profile folder (docs/security.md). It stops
 every process it started when the ``with`` block ends, at interpreter exit, and (through
-:mod:`kit._lifeline`) when the notebook kernel or the controller is killed.
+:mod:`kit.core._lifeline`) when the notebook kernel or the controller is killed.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def kit_processes(owner_pid: int | None = None) -> list[psutil.Process]:
 def notebook_sources() -> dict[str, tuple]:
     """The linecache entries of the code cells this kernel ran (IPython keeps them with no mtime).
 
-    Sent with every run (:func:`kit._remote.call_with_sources`) so that a function defined in a cell
+    Sent with every run (:func:`kit.core._remote.call_with_sources`) so that a function defined in a cell
     has its source on the engines too. Empty outside IPython.
     """
     import linecache
@@ -86,7 +86,7 @@ def notebook_sources() -> dict[str, tuple]:
 
 
 def _usable_cores() -> int:
-    """Cores this process may use: its CPU affinity, capped by a container's CPU quota (kit.limits)."""
+    """Cores this process may use: its CPU affinity, capped by a container's CPU quota (kit.core.limits)."""
     return limits.read().cores
 
 
@@ -104,7 +104,7 @@ class TFCluster(ForeignEngines):
             raise OptionError(name, "is not a TFCluster option",
                               f"use one of {', '.join(ClusterOptions.help())}")
         self.options = ClusterOptions(workers=workers, **options)
-        self.log = logging.getLogger("kit.cluster")
+        self.log = logging.getLogger("kit.core.cluster")
         self._ipp: ipp.Cluster | None = None
         self._client: ipp.Client | None = None
         self._profile_dir: str | None = None
@@ -410,7 +410,7 @@ class TFCluster(ForeignEngines):
             n=0,
             profile_dir=self._profile_dir,
             cluster_id=f"kit-{uuid.uuid4().hex[:8]}",
-            # unix sockets, no TCP port: they reach engines in the private network (kit._controller)
+            # unix sockets, no TCP port: they reach engines in the private network (kit.core._controller)
             controller_args=["--IPController.use_threads=True", f"--HeartMonitor.period={HEARTBEAT_MS}",
                              "--IPController.transport=ipc", f"--IPController.ip={sockets}/c"],
             # ipyparallel warns, with the engine's whole log, about every engine that exits with a
@@ -418,7 +418,7 @@ class TFCluster(ForeignEngines):
             log_level=logging.ERROR,
         )
         self._ipp.start_controller_sync(
-            controller_cmd=[sys.executable, "-m", "kit._lifeline", "kit._controller"],
+            controller_cmd=[sys.executable, "-m", "kit.core._lifeline", "kit.core._controller"],
             environment={_lifeline.ENV_VAR: _lifeline.token(os.getpid())},
         )
 
@@ -438,7 +438,7 @@ class TFCluster(ForeignEngines):
                 n=1,
                 engine_set_id=engine_set_id(name),
                 environment={**self._task_environment(name), _lifeline.ENV_VAR: lifeline, **network},
-                engine_cmd=[sys.executable, "-m", "kit._lifeline", "ipyparallel.engine"],
+                engine_cmd=[sys.executable, "-m", "kit.core._lifeline", "ipyparallel.engine"],
             )
         if self._client is None:
             self._client = self._ipp.connect_client_sync()

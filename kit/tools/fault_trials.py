@@ -1,6 +1,6 @@
 """Fault-injection trials: kill a random task at a random step, many times, and measure.
 
-    python -m kit.fault_trials --trials 10 --out out/fault-trials
+    python -m kit.tools.fault_trials --trials 10 --out out/fault-trials
 
 Each trial starts a fresh cluster, trains with ``BackupAndRestore`` under a supervised run
 (``max_failures``), kills one task (SIGKILL) at a random global step from inside that task, and
@@ -22,13 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import resilience
-
-
+from ..train import resilience
 def kill_trial(run_dir: str, layout: dict[str, Any], victim: str, kill_step: int, epochs: int,
                steps_per_epoch: int, save_freq: int | str, max_failures: int = 2) -> dict[str, Any]:
     """One trial on a fresh cluster; returns what the journal and the supervisor saw."""
-    from .cluster import TFCluster, kit_processes
+    from ..core.cluster import TFCluster, kit_processes
 
     started = time.time()
     with TFCluster(**layout) as cluster:
@@ -63,7 +61,7 @@ def kill_trial(run_dir: str, layout: dict[str, Any], victim: str, kill_step: int
 def run_trials(trials: int = 10, seed: int = 0, epochs: int = 3, steps_per_epoch: int = 20,
                save_freq: int | str = 10, out: str | None = None) -> list[dict[str, Any]]:
     """``trials`` random kills (a random worker, or the chief in a chief+worker cluster)."""
-    from .cluster import TFCluster
+    from ..core.cluster import TFCluster
 
     rng = random.Random(seed)
     rows = []
@@ -110,7 +108,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kit.fault_trials", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m kit.tools.fault_trials", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))

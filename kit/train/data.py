@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import KitError
+from ..core.errors import KitError
 
 #: The copy of MNIST shipped in the repository (see data/README.md for provenance and license).
-BUNDLED_MNIST = Path(__file__).resolve().parent.parent / "data" / "mnist.npz"
+BUNDLED_MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist.npz"
 #: sha256 of the bundled file.
 BUNDLED_MNIST_SHA256 = "06af5dfe73b70e3bc1c36439982b18a8d76803db9b544f6fdf838a37fbb01b64"
 MNIST_ARRAYS = ("x_train", "y_train", "x_test", "y_test")

@@ -1,7 +1,7 @@
 """Build, parse and validate TF_CONFIG, the JSON that tells each TensorFlow task who it is.
 
 Pure functions, no TensorFlow import: ``kit tfconfig`` answers at once, and a bad TF_CONFIG is
-rejected with a :class:`~kit.errors.TFConfigError` naming the field and the fix *before* a worker
+rejected with a :class:`~kit.core.errors.TFConfigError` naming the field and the fix *before* a worker
 waits minutes for peers that can never appear.
 
 A TF_CONFIG looks like::
@@ -82,7 +82,7 @@ def parse_address(address: Any, field: str = "cluster") -> tuple[str, int]:
     if port == 0:
         raise TFConfigError(field, f"port 0 in {address!r} means 'any free port' to a socket, "
                             "but every task must know the others' ports in advance",
-                            "pick a fixed free port, e.g. with kit.tfconfig.free_port()")
+                            "pick a fixed free port, e.g. with kit.core.tfconfig.free_port()")
     if not 1 <= port <= 65535:
         raise TFConfigError(field, f"port {port} of {address!r} is outside 1-65535",
                             "use a port number from 1 to 65535 (above 1024 needs no privileges)")

@@ -1,6 +1,6 @@
 """Every TFCluster option with its default and help text, checked on construction; and TaskInfo.
 
-Kept apart from :mod:`kit.cluster` so that the options (what ``kit demo --help`` lists) are in one
+Kept apart from :mod:`kit.core.cluster` so that the options (what ``kit demo --help`` lists) are in one
 short file.
 """
 

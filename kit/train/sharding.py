@@ -137,7 +137,7 @@ def observe(policy: str = "AUTO", *, files: Sequence[str] | None = None, example
     """Run on every worker: which ids this worker gets from ``experimental_distribute_dataset``.
 
     The dataset (``files`` or ``examples``) is batched with the *global* batch and auto-sharded
-    with ``policy``, under this process's strategy (:func:`kit.multiworker.strategy`). Returns
+    with ``policy``, under this process's strategy (:func:`kit.train.multiworker.strategy`). Returns
     ``task``, ``worker`` (task id), ``workers``, ``steps`` (ids per step), ``error`` (None, or
     the error this worker raised, as "Type: first line") and ``finished``. With ``wait_seconds``
     the iteration runs in a thread and is abandoned after that long (``finished`` False: the

@@ -3,7 +3,7 @@
 Each piece is small enough to show in a notebook cell (``inspect.getsource``):
 
 - :func:`make_strategy` creates (once per process) the strategy a name stands for; for
-  ``mirrored`` it first splits the CPU into logical devices (:func:`kit.mirrored.split_cpu`), one
+  ``mirrored`` it first splits the CPU into logical devices (:func:`kit.train.mirrored.split_cpu`), one
   replica each, as on a machine with several GPUs;
 - :func:`build_model` is the kit's CNN with an L2 penalty, so ``model.losses`` is not empty;
 - :func:`make_train_step` is the guide's step: ``strategy.run``, ``tf.GradientTape``,
@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from ._tf import import_tensorflow, keras_flavour
 from . import progress
-from .errors import KitError
+from ..core.errors import KitError
 
 STRATEGIES = ("default", "mirrored", "multi_worker_mirrored")
 
@@ -63,7 +63,7 @@ def make_strategy(name: str, logical_cpus: int = 2) -> "tf.distribute.Strategy":
 
 
 def build_model(learning_rate: float = 0.05, l2: float = 1e-4) -> "tf.keras.Model":
-    """The kit's CNN (:func:`kit.models.build_and_compile_cnn_model`) with an L2 penalty.
+    """The kit's CNN (:func:`kit.train.models.build_and_compile_cnn_model`) with an L2 penalty.
 
     The penalty is ``l2 × sum(kernel²)`` on every Dense and Conv2D kernel (``l2=0`` for none);
     it shows up in ``model.losses``. Call inside ``strategy.scope()``; the model is compiled

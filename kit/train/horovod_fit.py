@@ -2,7 +2,7 @@
 
 The benchmark and the tests call it; notebook 09 writes the same recipe in its own cells, where a
 learner edits it. Returns plain, picklable results, with the same keys as
-:func:`kit.training.train_mnist` so that the two can be compared row by row.
+:func:`kit.train.fit.train_mnist` so that the two can be compared row by row.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
     import horovod.tensorflow.keras as hvd
 
     from . import data, models
-
     started = time.perf_counter()
     hvd.init()
     tf.keras.utils.set_random_seed(seed + hvd.rank())  # different initial weights: the broadcast fixes them

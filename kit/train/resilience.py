@@ -219,9 +219,8 @@ def train_resumable(run_dir: str, per_worker_batch: int = 64, epochs: int = 4, s
     """
     tf = import_tensorflow()
     from . import data, models
-
     tf.keras.utils.set_random_seed(seed)
-    strategy = multiworker.strategy()  # one per process (kit.multiworker.strategy says why)
+    strategy = multiworker.strategy()  # one per process (kit.train.multiworker.strategy says why)
     workers = strategy.num_replicas_in_sync
     journal = Journal(run_dir)
     dataset = data.mnist_dataset(per_worker_batch * workers, shuffle_seed=seed)
@@ -274,9 +273,8 @@ def train_preemptible(run_dir: str, total_steps: int = 60, per_worker_batch: int
     """
     tf = import_tensorflow()
     from . import data, models
-
     tf.keras.utils.set_random_seed(seed)
-    strategy = multiworker.strategy()  # one per process (kit.multiworker.strategy says why)
+    strategy = multiworker.strategy()  # one per process (kit.train.multiworker.strategy says why)
     journal = Journal(run_dir)
     global_batch = per_worker_batch * strategy.num_replicas_in_sync
     with strategy.scope():

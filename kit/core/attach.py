@@ -20,7 +20,7 @@ from .options import KERAS_CHOICES, engine_set_id
 
 
 class ForeignEngines:
-    """The attach path of :class:`kit.cluster.TFCluster` (a mixin: it uses the cluster's state)."""
+    """The attach path of :class:`kit.core.cluster.TFCluster` (a mixin: it uses the cluster's state)."""
 
     def _connect(self, source: Any) -> None:
         """Get a client for ``source``; start its controller if it is an ipyparallel.Cluster without one."""

@@ -1,0 +1,24 @@
+"""Code that runs on the engines (the TF tasks): it imports TensorFlow, in the task's process.
+
+- :mod:`.data`: the bundled MNIST.  :mod:`.models`: the seeds' models.
+- :mod:`.progress`: progress reports for the live view (``callback``, ``Meter``).
+- :mod:`.probes`: what a task can observe (TensorFlow's log, devices, files, TensorBoard).
+- Recipes the benchmark, the tests and ``kit demo`` call: :mod:`.fit`, :mod:`.mirrored`,
+  :mod:`.multiworker`, :mod:`.sharding`, :mod:`.custom_loop`, :mod:`.ps`, :mod:`.resilience`,
+  :mod:`.checkpoints`, :mod:`.scaling`, :mod:`.horovod_fit`. Notebooks hold their own code in cells.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any
+
+_MODULES = {m.name for m in pkgutil.iter_modules(__path__)}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a module of this layer on first use (``kit.train.<module>``), so importing kit stays cheap."""
+    if name in _MODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
