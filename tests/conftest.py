@@ -16,6 +16,17 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
+#: Fixtures that start a cluster: a test using one is ``slow`` (`pytest -m "not slow"` is the fast loop).
+CLUSTER_FIXTURES = ("make_cluster", "two_workers")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``slow`` every test that starts a cluster through a fixture, also one written without the mark."""
+    for item in items:
+        if not item.get_closest_marker("slow") and set(CLUSTER_FIXTURES) & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def kit_processes(owner_pid: int | None = None) -> list[psutil.Process]:
     from kit.core.cluster import kit_processes as census
 

@@ -93,7 +93,7 @@ def test_inside_the_group_the_kit_sees_the_limits_and_its_processes_stay_in_it(t
 
         straggler = subprocess.Popen(["sleep", "600"], start_new_session=True)  # left behind on purpose
         with TFCluster(workers=1) as cluster:
-            (engine,) = cluster.run(inside, stream=False)
+            (engine,) = cluster.with_options(stream=False).run(inside)
             groups = {p.pid: open(f"/proc/{p.pid}/cgroup").read() for p in kit_processes(os.getpid())}
         groups[os.getpid()] = open("/proc/self/cgroup").read()
         print(json.dumps({"engine": engine, "groups": groups, "straggler": straggler.pid}))

@@ -105,3 +105,46 @@ def test_export_needs_a_cluster():
     result = run_kit("tfconfig", "--check", '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}',
                      "--export")
     assert result.returncode == 2 and "--export needs --cluster" in result.stderr
+
+
+def test_help_lists_every_command():
+    result = run_kit("--help")
+    assert result.returncode == 0, result.stderr
+    for name in ("tfconfig", "demo", "notebooks", "sweep", "plot", "bench", "faults", "compat"):
+        assert name in result.stdout, name
+
+
+def test_compat_help_and_a_bad_value_refused_before_any_cluster_starts(capsys):
+    shown = run_kit("compat", "--help")
+    assert shown.returncode == 0, shown.stderr
+    for option in ("--out", "--steps", "--keras", "--strategies", "--modes", "--timeout"):
+        assert option in shown.stdout, option
+    assert "Keras compatibility table" in shown.stdout
+    assert run_kit("compat", "--keras", "keras2").returncode == 2  # argparse's choices
+    assert main(["compat", "--steps", "0", "--keras", "keras3", "--strategies", "default"]) == 2
+    assert main(["compat", "--timeout", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "kit compat: --steps 0" in err and "kit compat: --timeout -1" in err and err.count("Fix:") == 2
+
+
+def test_notebooks_copies_the_lessons_with_their_figures_and_keeps_edits_unless_forced(tmp_path, capsys):
+    from kit.tools import cli
+
+    source = cli.notebooks_dir()
+    target = tmp_path / "lessons"
+    assert main(["notebooks", str(target)]) == 0
+    lessons = sorted(p.name for p in source.glob("[0-9][0-9]-*.ipynb"))
+    assert len(lessons) >= 10 and sorted(p.name for p in target.glob("*.ipynb")) == lessons
+    for name in ("README.md", "figures/01-data-parallel.svg", "trials/scaling-trial.ipynb"):
+        assert (target / name).read_bytes() == (source / name).read_bytes(), name
+    assert not (target / "out").exists()  # the notebooks' own results stay behind
+    assert f"copied {len(lessons)} lessons" in capsys.readouterr().out
+
+    edited = target / lessons[0]
+    edited.write_text("my edits")
+    assert main(["notebooks", str(target)]) == 2
+    assert "already has" in capsys.readouterr().err and edited.read_text() == "my edits"
+    assert main(["notebooks", str(target), "--force"]) == 0
+    assert edited.read_bytes() == (source / lessons[0]).read_bytes()
+    assert main(["notebooks", str(source), "--force"]) == 2  # never onto the lessons themselves
+    assert "is where the lessons come from" in capsys.readouterr().err

@@ -17,8 +17,9 @@ import psutil
 import pytest
 
 from conftest import REPO, broken_startup, kit_processes
+import kit
 from kit.core import tfconfig
-from kit.core.cluster import STARTUP_NOISE, TFCluster, _usable_cores
+from kit.core.cluster import STARTUP_NOISE, Phase, TFCluster, _usable_cores
 from kit.core.errors import ClusterError, ExposedPortsWarning, OptionError, WorkerError
 
 
@@ -66,6 +67,7 @@ def test_task_names_follow_the_layout():
 
 
 # ----- a running cluster ---------------------------------------------------------------------------
+@pytest.mark.slow  # the shared cluster (2.8 s to start)
 def test_tasks_describe_each_engine(two_workers):
     tasks = two_workers.tasks
     assert [t.name for t in tasks] == ["worker:0", "worker:1"]
@@ -75,6 +77,7 @@ def test_tasks_describe_each_engine(two_workers):
     assert list(two_workers.describe().index) == ["worker:0", "worker:1"]
 
 
+@pytest.mark.slow  # the shared cluster (2.8 s to start)
 def test_each_engine_has_its_tf_config_and_environment_before_tensorflow(two_workers):
     def environment():
         import os
@@ -91,17 +94,77 @@ def test_each_engine_has_its_tf_config_and_environment_before_tensorflow(two_wor
         assert env["pid"] == task.pid
 
 
+@pytest.mark.slow  # the shared cluster (2.8 s to start)
 def test_run_returns_results_in_task_order_with_args(two_workers):
     def scaled(x, factor=1):
         import os
         return (os.environ["KIT_TASK"], x * factor)
 
     assert two_workers.run(scaled, 3, factor=2) == [("worker:0", 6), ("worker:1", 6)]
-    assert two_workers.run(scaled, 1, tasks=["worker:1"]) == [("worker:1", 1)]
+    assert two_workers.with_options(tasks=["worker:1"]).run(scaled, 1) == [("worker:1", 1)]
     with pytest.raises(OptionError, match="worker:5"):
-        two_workers.run(scaled, 1, tasks=["worker:5"])
+        two_workers.with_options(tasks=["worker:5"]).run(scaled, 1)
 
 
+@pytest.mark.slow  # the shared cluster (4.1 s to start)
+def test_every_keyword_goes_to_the_function_and_run_options_go_through_with_options(two_workers):
+    """A training function may have parameters named like the run options: run passes them on."""
+    def with_run_option_names(x, timeout=None, tasks=None, stream=None, max_failures=None, on_restart=None):
+        import os
+        return (os.environ["KIT_TASK"], x, timeout, tasks, stream, max_failures, on_restart)
+
+    got = two_workers.run(with_run_option_names, 1, timeout=5, tasks=["ps:9"], stream="s", max_failures=7,
+                          on_restart="r")
+    assert got == [(n, 1, 5, ["ps:9"], "s", 7, "r") for n in ("worker:0", "worker:1")]
+    only_one = two_workers.with_options(tasks=["worker:1"], timeout=30, stream=False)
+    assert only_one.run(with_run_option_names, 2, timeout=3) == [("worker:1", 2, 3, None, None, None, None)]
+    assert only_one.with_options(tasks=None).run(os.getpid) == [t.pid for t in two_workers.tasks]
+    assert only_one.options.timeout == 30 and only_one.options.tasks == ("worker:1",)  # unchanged by with_options
+
+
+@pytest.mark.parametrize("options, field", [({"timout": 3}, "timout"), ({"timeout": 0}, "timeout"),
+                                            ({"timeout": "3"}, "timeout"), ({"tasks": "worker:0"}, "tasks"),
+                                            ({"stream": "no"}, "stream"), ({"max_failures": -1}, "max_failures"),
+                                            ({"max_failures": True}, "max_failures"),
+                                            ({"on_restart": 3}, "on_restart")])
+def test_bad_run_options_name_the_field(options, field):
+    cluster = TFCluster(workers=1)  # options are checked before anything starts
+    with pytest.raises(OptionError) as info:
+        cluster.with_options(**options)
+    assert info.value.field == field
+    if field == "timout":
+        assert "tasks, timeout, stream, max_failures, on_restart" in str(info.value)
+    assert kit.RunOptions.help().keys() == {"tasks", "timeout", "stream", "max_failures", "on_restart"}
+
+
+@pytest.mark.slow  # a cluster: 6.8 s
+def test_supervision_messages_go_through_the_live_view_and_the_kit_logger(make_cluster, tmp_path, caplog, capsys):
+    """A failure, the restart and the success after it: each is a view event, shown and logged once."""
+    import logging
+
+    cluster = make_cluster(workers=1)
+    first_pid = cluster.tasks[0].pid
+
+    def fails_once(marker):
+        import os
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            raise ValueError("first attempt fails on purpose")
+        return os.getpid()
+
+    with caplog.at_level(logging.INFO, logger="kit"):
+        (pid,) = cluster.with_options(max_failures=1, stream=False).run(fails_once, str(tmp_path / "once"))
+    assert pid != first_pid and pid == cluster.tasks[0].pid  # run again on a fresh engine
+    logged = [r.getMessage() for r in caplog.records if r.name == "kit.core.view"]
+    shown = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[kit] ")]
+    assert len(logged) == len(shown) == 3, (logged, shown)
+    assert "attempt 1: worker:0 failed:" in logged[0] and "ValueError: first attempt fails on purpose" in logged[0]
+    assert [line.removeprefix("[kit] ") for line in shown] == [m.partition(": ")[2] for m in logged]
+    assert "restarting all 1 tasks" in logged[1] and "running fails_once again" in logged[2]
+    assert [f.task for f in cluster.failures] == ["worker:0"] and cluster.failures[0].restarted_at
+
+
+@pytest.mark.slow  # the shared cluster (2.8 s to start)
 def test_output_is_streamed_with_the_task_name(two_workers, capsys):
     def chatty():
         import os
@@ -114,10 +177,11 @@ def test_output_is_streamed_with_the_task_name(two_workers, capsys):
     assert "[worker:0] hello from worker:0" in captured.out
     assert "[worker:1] hello from worker:1" in captured.out
     assert "[worker:1] done" in captured.err and "progress" not in captured.err
-    two_workers.run(chatty, stream=False)
+    two_workers.with_options(stream=False).run(chatty)
     assert "hello" not in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a cluster running TensorFlow: 14.5 s
 def test_tensorflow_start_up_noise_is_hidden_but_kept(make_cluster, capsys, monkeypatch):
     """TensorFlow's C++ start-up lines (written before TF_CPP_MIN_LOG_LEVEL is read) are not shown;
     what the task prints is, and cluster.output keeps every line. tf_logs="all" shows them."""
@@ -146,6 +210,7 @@ def test_tensorflow_start_up_noise_is_hidden_but_kept(make_cluster, capsys, monk
     assert "absl::InitializeLog" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the shared cluster (2.8 s to start)
 def test_an_exception_names_its_task_with_the_remote_traceback(two_workers):
     def fails_on_worker_1():
         import os
@@ -161,6 +226,7 @@ def test_an_exception_names_its_task_with_the_remote_traceback(two_workers):
     assert two_workers.run(os.getpid) == [t.pid for t in two_workers.tasks]  # still usable
 
 
+@pytest.mark.slow  # a cluster: 4.9 s
 def test_run_timeout(make_cluster):
     cluster = make_cluster(workers=1)
 
@@ -170,7 +236,7 @@ def test_run_timeout(make_cluster):
 
     start = time.monotonic()
     with pytest.raises(ClusterError, match="timed out"):
-        cluster.run(slow, timeout=1)
+        cluster.with_options(timeout=1).run(slow)
     assert time.monotonic() - start < 10
 
 
@@ -191,7 +257,7 @@ def test_a_stuck_collective_times_out_naming_the_task_that_waits(make_cluster):
 
     with pytest.raises(ClusterError, match=r"timed out after 20s: worker:0 still running; worker:1 "
                                            r"finished, so it is probably waiting in a collective") as caught:
-        cluster.run(all_reduce_alone, timeout=20)
+        cluster.with_options(timeout=20).run(all_reduce_alone)
     assert caught.value.tasks == ["worker:0"]
     assert cluster.last_view.states() == {"worker:0": "failed", "worker:1": "done"}
     cluster.restart()
@@ -199,16 +265,18 @@ def test_a_stuck_collective_times_out_naming_the_task_that_waits(make_cluster):
 
 
 # ----- no process outlives its cluster -------------------------------------------------------------
+@pytest.mark.slow  # a cluster: 4.0 s
 def test_stop_ends_engines_and_controller(no_leaks):
     before = {p.pid for p in kit_processes(os.getpid())}
     cluster = TFCluster(workers=2).start()
     pids = [p.pid for p in kit_processes(os.getpid()) if p.pid not in before]
-    assert set(pids) >= {t.pid for t in cluster.tasks} | {cluster._ipp.controller.process.pid}
+    assert set(pids) >= {t.pid for t in cluster.tasks} | {cluster._engines.ipp.controller.process.pid}
     cluster.stop()
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     cluster.stop()  # idempotent
 
 
+@pytest.mark.slow  # a cluster: 4.0 s
 def test_exception_inside_with_block_stops_everything(no_leaks):
     with pytest.raises(KeyError):
         with TFCluster(workers=1) as cluster:
@@ -217,9 +285,10 @@ def test_exception_inside_with_block_stops_everything(no_leaks):
     assert not any(psutil.pid_exists(p) for p in pids)
 
 
+@pytest.mark.slow  # a cluster: 6.4 s
 def test_engines_exit_when_the_controller_is_killed(make_cluster):
     cluster = make_cluster(workers=2)
-    controller = cluster._ipp.controller.process.pid
+    controller = cluster._engines.ipp.controller.process.pid
     everything = [p.pid for p in kit_processes(os.getpid())
                   if p.pid == controller or f",{controller}:" in p.environ()["KIT_LIFELINE"]
                   or p.ppid() == controller]
@@ -229,6 +298,7 @@ def test_engines_exit_when_the_controller_is_killed(make_cluster):
     print(f"engines and the controller's helpers exited {seconds:.1f}s after the controller was killed")
 
 
+@pytest.mark.slow  # a cluster in a child process: 6.7 s
 def test_everything_exits_when_the_owner_is_killed(tmp_path, no_leaks):
     """A killed notebook kernel runs no atexit: the lifeline must take the cluster down."""
     script = tmp_path / "owner.py"
@@ -254,6 +324,7 @@ def test_everything_exits_when_the_owner_is_killed(tmp_path, no_leaks):
     assert not kit_processes(owner.pid)
 
 
+@pytest.mark.slow  # a cluster in a child process: 6.4 s
 def test_interpreter_exit_without_stop_ends_everything(tmp_path, no_leaks):
     script = tmp_path / "forgetful.py"
     script.write_text(textwrap.dedent(f"""
@@ -272,6 +343,7 @@ def test_interpreter_exit_without_stop_ends_everything(tmp_path, no_leaks):
     wait_until_gone(pids, timeout=10)
 
 
+@pytest.mark.slow  # a cluster in a kernel: 7.3-9.6 s each
 @pytest.mark.parametrize("how", ["shutdown", "kill"])
 def test_no_kit_process_outlives_its_notebook_kernel(how, no_leaks):
     """A Jupyter kernel (as JupyterLab, papermill and nbval start one) starts a cluster and is shut down
@@ -305,6 +377,7 @@ def test_no_kit_process_outlives_its_notebook_kernel(how, no_leaks):
     assert not kit_processes(kernel_pid)
 
 
+@pytest.mark.slow  # a cluster: 9.7 s
 def test_a_killed_task_fails_the_run_then_restart_gives_fresh_engines(make_cluster):
     cluster = make_cluster(workers=2)
     old = {t.name: t for t in cluster.tasks}
@@ -318,12 +391,16 @@ def test_a_killed_task_fails_the_run_then_restart_gives_fresh_engines(make_clust
     killer = threading.Timer(1.0, cluster.kill, args=("worker:1",))
     killer.start()
     with pytest.raises(WorkerError) as info:
-        cluster.run(wait_forever, timeout=30)
+        cluster.with_options(timeout=30).run(wait_forever)
     killer.join()
     assert info.value.task == "worker:1" and "exited" in info.value.error
-    with pytest.raises(ClusterError, match="restart"):
+    assert cluster.state.phase is Phase.STALE and cluster.state.tasks == ("worker:1",) and cluster.started
+    assert cluster.state.reason == "the cluster lost worker:1"
+    with pytest.raises(ClusterError, match="the cluster lost worker:1. Call cluster.restart") as stale:
         cluster.run(os.getpid)
+    assert stale.value.tasks == ["worker:1"]
     cluster.restart()
+    assert cluster.state.phase is Phase.READY and cluster.state.reason == ""
     new = {t.name: t for t in cluster.tasks}
     assert all(new[n].pid != old[n].pid and new[n].engine_id != old[n].engine_id for n in new)
     assert not psutil.pid_exists(old["worker:0"].pid)  # the survivor was replaced too
@@ -331,13 +408,14 @@ def test_a_killed_task_fails_the_run_then_restart_gives_fresh_engines(make_clust
     assert cluster.tf_configs["worker:1"]["cluster"] == cluster.tf_configs["worker:0"]["cluster"]
 
 
+@pytest.mark.slow  # a cluster: 7.0 s
 def test_an_engine_killed_between_runs_is_named_before_the_next_run(make_cluster):
     """A signal that ends an idle engine: the next run says which task is gone and the fix."""
     cluster = make_cluster(workers=2)
     victim = cluster.tasks[1]
     cluster.kill(victim.name)
     deadline = time.monotonic() + 10
-    while TFCluster._process_alive(victim.pid):  # SIGKILL is asynchronous: wait until it has landed
+    while cluster._engines.alive(victim.name):  # SIGKILL is asynchronous: wait until it has landed
         assert time.monotonic() < deadline, f"{victim.name}'s engine outlived a SIGKILL by 10 s"
         time.sleep(0.05)
     with pytest.raises(ClusterError, match=r"worker:1: the engine process is gone.*cluster.restart\(\)") as info:
@@ -345,9 +423,14 @@ def test_an_engine_killed_between_runs_is_named_before_the_next_run(make_cluster
     assert info.value.tasks == ["worker:1"]
     cluster.restart()
     assert len(cluster.run(os.getpid)) == 2
+    cluster.stop()
+    assert cluster.state.phase is Phase.STOPPED and not cluster.started
+    with pytest.raises(ClusterError, match="not running"):
+        cluster.kill("worker:0")
 
 
 # ----- start-up failures ---------------------------------------------------------------------------
+@pytest.mark.slow  # a cluster: 4.0-5.0 s each
 @pytest.mark.parametrize("isolation", ["none", "auto"])
 def test_a_port_taken_after_it_was_picked_is_replaced(make_cluster, monkeypatch, isolation):
     """On the host's network a port taken since it was picked is replaced; in the cluster's private
@@ -358,9 +441,9 @@ def test_a_port_taken_after_it_was_picked_is_replaced(make_cluster, monkeypatch,
         taken = squatter.getsockname()[1]
         original = TFCluster._pick_ports
 
-        def pick_a_taken_port(self, names):
-            ports = original(self, names)
-            ports[names[1]] = taken
+        def pick_a_taken_port(self, reports):
+            ports = original(self, reports)  # picked on each engine
+            ports["worker:1"] = taken
             return ports
 
         monkeypatch.setattr(TFCluster, "_pick_ports", pick_a_taken_port)
@@ -378,6 +461,7 @@ def test_a_port_taken_after_it_was_picked_is_replaced(make_cluster, monkeypatch,
         assert cluster.run(seen_tf_config) == [cluster.tf_configs[n] for n in cluster.task_names]
 
 
+@pytest.mark.slow  # a cluster: 3.0 s
 def test_a_task_that_crashes_at_start_is_named(tmp_path, monkeypatch, no_leaks):
     broken_startup(tmp_path, monkeypatch, "import os, sys\nprint('engine refuses to start', file=sys.stderr)\nos._exit(7)\n")
     with pytest.raises(ClusterError) as info:
@@ -386,6 +470,7 @@ def test_a_task_that_crashes_at_start_is_named(tmp_path, monkeypatch, no_leaks):
     assert "exited during start-up" in str(info.value)
 
 
+@pytest.mark.slow  # a cluster: 14.0 s
 def test_a_task_that_never_comes_up_is_named_after_the_timeout(tmp_path, monkeypatch, no_leaks):
     broken_startup(tmp_path, monkeypatch, "import time\ntime.sleep(120)\n")
     start = time.monotonic()
@@ -444,10 +529,12 @@ def test_two_workers_train_in_lockstep(make_cluster):
 def test_model_options_are_checked_with_the_field_and_the_choices():
     from kit.train.models import build_and_compile_cnn_model
 
-    with pytest.raises(ValueError, match="gradient_compression='int8' is unknown; use one of 'none', 'fp16'"):
+    with pytest.raises(OptionError, match="'int8' is unknown. Fix: use one of 'none', 'fp16'") as info:
         build_and_compile_cnn_model(gradient_compression="int8")
-    with pytest.raises(ValueError, match="steps_per_execution=0 is not a whole number >= 1"):
+    assert info.value.field == "gradient_compression"
+    with pytest.raises(OptionError, match="0 is not a whole number >= 1") as info:
         build_and_compile_cnn_model(steps_per_execution=0)
+    assert info.value.field == "steps_per_execution"
 
 
 @pytest.mark.slow
@@ -464,11 +551,13 @@ def test_keras3_choice_is_visible_and_real(make_cluster):
 
 def test_user_env_overrides_thread_settings_but_not_the_task_identity():
     cluster = TFCluster(workers=2, env={"TF_NUM_INTEROP_THREADS": "1", "KIT_TASK": "chief:9", "TF_CONFIG": "{}"})
-    cluster._tf_configs = cluster._build_configs(cluster.task_names, {"worker:0": 2222, "worker:1": 2223})
     env = cluster._task_environment("worker:1")
     assert env["TF_NUM_INTEROP_THREADS"] == "1"  # the user's choice wins over the kit's default of >= 2
     assert env["KIT_TASK"] == "worker:1"
-    assert tfconfig.loads(env["TF_CONFIG"])["task"] == {"type": "worker", "index": 1}
+    assert "TF_CONFIG" not in env  # the kit's own comes with the port picked on the engine, never the user's
+    configs = cluster._build_configs(cluster.task_names, {"worker:0": 2222, "worker:1": 2223})
+    assert configs["worker:1"]["task"] == {"type": "worker", "index": 1}
+    assert configs["worker:1"]["cluster"] == {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
 
 
 def test_an_engine_unregistering_during_the_wait_is_logged_not_fatal(caplog):
@@ -478,7 +567,7 @@ def test_an_engine_unregistering_during_the_wait_is_logged_not_fatal(caplog):
 
     import ipyparallel as ipp
 
-    from kit.core.attach import wait_for_one_more_engine
+    from kit.core.engines import wait_for_one_more_engine
 
     class ClientWhoseOldEngineUnregisters:
         ids = [4, 5]
@@ -486,7 +575,62 @@ def test_an_engine_unregistering_during_the_wait_is_logged_not_fatal(caplog):
         def wait_for_engines(self, n, timeout, interactive):
             raise ipp.error.EngineError("Engine 6 unregistered while waiting for engines.")
 
-    log = logging.getLogger("kit.test")
-    with caplog.at_level(logging.INFO, logger="kit.test"):
-        wait_for_one_more_engine(ClientWhoseOldEngineUnregisters(), log)
+    with caplog.at_level(logging.INFO, logger="kit.core.engines"):
+        wait_for_one_more_engine(ClientWhoseOldEngineUnregisters())
     assert "Engine 6 unregistered" in caplog.text
+
+
+ARENAS_SCRIPT = """
+import sys, threading
+sys.path.insert(0, sys.argv[2])
+from kit.core import _remote
+if sys.argv[1] == "set":
+    assert _remote.set_environment({"MALLOC_ARENA_MAX": "2"})["malloc_arena_max"] == 2
+barrier = threading.Barrier(9)
+def allocate():
+    held = [bytearray(4000) for _ in range(100)]  # > 512 bytes: glibc malloc, in the thread arena
+    barrier.wait()
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for thread in threads:
+    thread.start()
+arenas = _remote.malloc_arenas()  # while all 8 threads hold their memory
+barrier.wait()
+print(arenas)
+"""
+
+
+def test_malloc_arena_max_takes_effect_when_set_after_start_up():
+    """Engines from elsewhere get MALLOC_ARENA_MAX after start-up, when glibc no longer reads the variable:
+    the kit applies it with mallopt. Eight threads allocating at once make eight arenas without it, at most
+    two with it."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    counts = {}
+    for how in ("leave", "set"):
+        done = subprocess.run([sys.executable, "-c", ARENAS_SCRIPT, how, str(REPO)], capture_output=True,
+                              text=True, timeout=60, env=env)
+        assert done.returncode == 0, done.stderr
+        counts[how] = int(done.stdout)
+    assert counts["leave"] > 2 and counts["set"] <= 2, counts
+
+
+@pytest.mark.slow  # the shared cluster: 1.9 s
+def test_engines_run_with_at_most_two_malloc_arenas(two_workers):
+    def arenas_under_load():
+        import threading
+
+        from kit.core import _remote
+        barrier = threading.Barrier(9)
+
+        def allocate():
+            held = [bytearray(4000) for _ in range(100)]  # noqa: F841 - held until every thread has allocated
+            barrier.wait()
+
+        threads = [threading.Thread(target=allocate) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        arenas = _remote.malloc_arenas()
+        barrier.wait()
+        return arenas, _remote.MALLOC_ARENA_MAX
+
+    assert two_workers.run(arenas_under_load) == [(a, 2) for a, _ in two_workers.run(arenas_under_load)]
+    assert all(arenas <= 2 for arenas, _ in two_workers.run(arenas_under_load))

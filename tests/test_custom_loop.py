@@ -6,17 +6,20 @@ import numpy as np
 import pytest
 
 from kit.train import custom_loop
-from kit.core.errors import KitError
+from kit.core.errors import OptionError
+from kit.train.scaling import per_step_losses
+from kit.train.strategies import build_strategy
 
 
 def test_step_losses_come_back_from_running_means():
     # an epoch with losses 2, 1, 0 logs the running means 2, 1.5, 1; the next epoch starts afresh
-    assert custom_loop.step_losses_from_running_means([[2.0, 1.5, 1.0], [4.0, 3.0]]) == [2.0, 1.0, 0.0, 4.0, 2.0]
+    assert per_step_losses([2.0, 1.5, 1.0, 4.0, 3.0, 2.0], 3) == [2.0, 1.0, 0.0, 4.0, 2.0, 0.0]
 
 
 def test_unknown_strategy_names_the_choices():
-    with pytest.raises(KitError, match="multi_worker_mirrored"):
-        custom_loop.make_strategy("mirored")
+    with pytest.raises(OptionError, match="multi_worker_mirrored") as refused:
+        build_strategy("mirored")
+    assert refused.value.field == "strategy" and "mirrored" in refused.value.fix
 
 
 def test_loop_vs_fit_figure_draws_both_runs(tmp_path):
@@ -36,8 +39,8 @@ def one_task():
 
 @pytest.mark.slow
 def test_loop_and_fit_agree_on_mirrored_strategy(one_task):
-    result = one_task.run(custom_loop.loop_and_fit, strategy="mirrored", per_replica_batch=16, epochs=2,
-                          steps_per_epoch=3, eval_steps=2, logical_cpus=2, stream=False)[0]
+    result = one_task.with_options(stream=False).run(custom_loop.loop_and_fit, strategy="mirrored",
+        per_replica_batch=16, epochs=2, steps_per_epoch=3, eval_steps=2, logical_cpus=2)[0]
     loop, fit = result["loop"], result["fit"]
     assert loop["replicas"] == 2 and len(loop["devices"]) == 2 and loop["global_batch"] == 32
     assert len(loop["step_loss"]) == len(fit["step_loss"]) == 6
@@ -61,5 +64,5 @@ def test_the_split_cannot_change_once_the_runtime_started(one_task):
             return str(e)
         return ""
 
-    message = one_task.run(split_again, stream=False)[0]
+    message = one_task.with_options(stream=False).run(split_again)[0]
     assert "cannot split the CPU into 3" in message and "Fix:" in message

@@ -17,8 +17,7 @@ import pytest
 
 from conftest import REPO
 from kit.tools import experiments, plots
-from kit.core.errors import KitError
-from kit.tools.experiments import GridError
+from kit.core.errors import GridError, KitError
 
 TINY_PARAMETERS = 'x = 1\nmode = "ok"\nscale = 2.0\nRESULTS_PATH = None\n'
 TINY_BODY = """
@@ -84,29 +83,29 @@ def test_point_names_sort_the_parameters_like_parameterize_path():
 ])
 def test_bad_grids_name_the_parameter_and_the_fix(tiny, grid, parameter, words):
     with pytest.raises(GridError) as info:
-        experiments.validate(tiny, grid)
+        experiments.validate_grid(tiny, grid)
     assert info.value.parameter == parameter
     message = str(info.value)
     assert "Fix:" in message and all(w in message for w in words), message
 
 
 def test_a_float_parameter_takes_ints_and_fixed_parameters_are_checked_too(tiny):
-    assert experiments.validate(tiny, {"scale": [1, 2.5]}) == [{"scale": 1}, {"scale": 2.5}]
+    assert experiments.validate_grid(tiny, {"scale": [1, 2.5]}) == [{"scale": 1}, {"scale": 2.5}]
     with pytest.raises(GridError, match="'mode': is both a grid axis and a fixed parameter"):
-        experiments.validate(tiny, {"mode": ["ok"]}, parameters={"mode": "fail"})
+        experiments.validate_grid(tiny, {"mode": ["ok"]}, parameters={"mode": "fail"})
     with pytest.raises(GridError, match="'nope': is not a parameter"):
-        experiments.validate(tiny, {"x": [1]}, parameters={"nope": 1})
+        experiments.validate_grid(tiny, {"x": [1]}, parameters={"nope": 1})
 
 
 def test_notebooks_without_results_path_or_parameters_cell_are_refused(tmp_path):
     no_results = write_notebook(tmp_path / "a.ipynb", parameters="x = 1\n")
     with pytest.raises(KitError, match="does not define RESULTS_PATH. Fix: add `RESULTS_PATH = None`"):
-        experiments.validate(no_results, {"x": [1]})
+        experiments.validate_grid(no_results, {"x": [1]})
     untagged = write_notebook(tmp_path / "b.ipynb", tagged=False)
     with pytest.raises(KitError, match="no cell tagged 'parameters'"):
-        experiments.validate(untagged, {"x": [1]})
+        experiments.validate_grid(untagged, {"x": [1]})
     with pytest.raises(KitError, match="is not a notebook file"):
-        experiments.validate(tmp_path / "missing.ipynb", {"x": [1]})
+        experiments.validate_grid(tmp_path / "missing.ipynb", {"x": [1]})
 
 
 def test_command_line_values_take_the_type_of_the_notebook_default(tiny):
@@ -138,6 +137,7 @@ def test_record_writes_the_metrics_file_and_refuses_bad_metrics(tmp_path):
 
 
 # ----- the sweep ----------------------------------------------------------------------------------
+@pytest.mark.slow  # the shared sweep's papermill kernels (2.7 s)
 def test_sweep_keeps_each_notebook_under_its_parameters_name(swept):
     folder, _ = swept
     out = folder / "out"
@@ -148,6 +148,7 @@ def test_sweep_keeps_each_notebook_under_its_parameters_name(swept):
     assert any("injected-parameters" in c.metadata.get("tags", []) for c in executed.cells)
 
 
+@pytest.mark.slow  # the shared sweep's papermill kernels (2.7 s)
 def test_the_table_has_one_row_per_point_in_csv_and_json(swept):
     folder, table = swept
     out = folder / "out"
@@ -161,6 +162,7 @@ def test_the_table_has_one_row_per_point_in_csv_and_json(swept):
     pd.testing.assert_frame_equal(experiments.load_results(out), table)
 
 
+@pytest.mark.slow  # the shared sweep's papermill kernels (2.7 s)
 def test_a_failed_point_is_a_row_with_its_error_and_its_partial_notebook(swept):
     folder, table = swept
     failed = table[table["status"] == "failed"].iloc[0]
@@ -173,6 +175,7 @@ def test_a_failed_point_is_a_row_with_its_error_and_its_partial_notebook(swept):
     assert not (folder / "out" / "tiny_mode-fail_x-2.metrics.json").exists()
 
 
+@pytest.mark.slow  # papermill kernels: 4.5 s
 def test_resume_skips_done_points_and_reruns_failed_and_changed_ones(tmp_path):
     notebook = write_notebook(tmp_path / "tiny.ipynb")
     out = tmp_path / "out"
@@ -213,7 +216,7 @@ def test_notebook_08_sweeps_the_trial_notebook_with_parameters_it_defines(preset
     exec(parameters, namespace)
     namespace["PRESET"] = preset
     exec(presets, namespace)
-    points = experiments.validate(REPO / "notebooks" / "trials" / "scaling-trial.ipynb", namespace["points"],
+    points = experiments.validate_grid(REPO / "notebooks" / "trials" / "scaling-trial.ipynb", namespace["points"],
                                   parameters=namespace["C"])
     assert points == namespace["points"] and len(points) >= 2
 
@@ -290,6 +293,7 @@ def run_kit(*args, cwd=None):
                           timeout=300, cwd=cwd or REPO)
 
 
+@pytest.mark.slow  # `kit sweep` and its kernels: 9.1 s
 def test_kit_sweep_exit_codes_and_table(tmp_path):
     notebook = write_notebook(tmp_path / "tiny.ipynb")
     out = tmp_path / "out"
@@ -305,6 +309,7 @@ def test_kit_sweep_exit_codes_and_table(tmp_path):
     assert bad.returncode == 2 and "'workers': is not a parameter" in bad.stderr and "Fix:" in bad.stderr
 
 
+@pytest.mark.slow  # two `kit plot` processes: 2.0 s
 def test_kit_plot_exit_codes(tmp_path):
     experiments.write_table(scaling_table().to_dict("records"), tmp_path)
     result = run_kit("plot", str(tmp_path))

@@ -121,7 +121,7 @@ def test_two_ranks_train_to_identical_weights_and_stop_cleanly(make_horovod):
     ranks = cluster.ranks
     assert [(r.task, r.rank, r.size, r.local_rank, r.local_size) for r in ranks] == \
         [("worker:0", 0, 2, 0, 2), ("worker:1", 1, 2, 1, 2)]
-    views = cluster.run(engine_view, stream=False)
+    views = cluster.with_options(stream=False).run(engine_view)
     address, port = cluster.rendezvous
     for rank, view in zip(ranks, views):
         assert view["tf_config"] is None
@@ -132,11 +132,11 @@ def test_two_ranks_train_to_identical_weights_and_stop_cleanly(make_horovod):
         assert view["HOROVOD_GLOO_IFACE"] == "lo"
     # the rendezvous server listens in rank 0's engine (asked there: it sees its own network namespace),
     # on loopback only, and in no other process of the cluster
-    listening = cluster.run(listening_addresses, port, stream=False)
+    listening = cluster.with_options(stream=False).run(listening_addresses, port)
     assert listening == [["127.0.0.1"]] + [[]] * (len(ranks) - 1), listening
 
-    results = cluster.run(train_mnist, per_worker_batch=32, epochs=2, steps_per_epoch=10, verbose=0,
-                          compression="fp16", stream=False)
+    results = cluster.with_options(stream=False).run(train_mnist, per_worker_batch=32, epochs=2,
+        steps_per_epoch=10, verbose=0, compression="fp16")
     assert [r["rank"] for r in results] == [0, 1]
     assert results[0]["weights_checksum"] == results[1]["weights_checksum"], "the ranks' models differ"
     assert results[0]["loss"] == results[1]["loss"]  # averaged over the ranks
@@ -152,7 +152,7 @@ def test_two_ranks_train_to_identical_weights_and_stop_cleanly(make_horovod):
 
 @pytest.mark.slow
 def test_a_lost_rank_stops_the_others_and_restart_gives_a_fresh_rendezvous(make_horovod, tmp_path):
-    from kit.train.horovod_fit import time_allreduce
+    from kit.train.horovod_fit import time_all_reduce
 
     def lose_rank_one(path):
         """Rank 1 dies after one all-reduce; rank 0 goes on all-reducing and writes what happened to it."""
@@ -182,7 +182,7 @@ def test_a_lost_rank_stops_the_others_and_restart_gives_a_fresh_rendezvous(make_
     cluster = make_horovod(workers=2)
     old = (cluster.rendezvous, [r.pid for r in cluster.ranks])
     with pytest.raises(WorkerError) as info:
-        cluster.run(lose_rank_one, str(tmp_path / "rank0.json"), stream=False, timeout=120)
+        cluster.with_options(stream=False, timeout=120).run(lose_rank_one, str(tmp_path / "rank0.json"))
     assert info.value.task == "worker:1"
     survivor = json.loads(wait_for_file(tmp_path / "rank0.json", 60, "rank 0"))
     assert "Horovod has been shut down" in survivor["outcome"] and survivor["seconds"] < 30, survivor
@@ -190,7 +190,7 @@ def test_a_lost_rank_stops_the_others_and_restart_gives_a_fresh_rendezvous(make_
     cluster.restart()
     assert not set(old[1]) & {r.pid for r in cluster.ranks}
     assert cluster.rendezvous != old[0] or not psutil.pid_exists(old[1][0])
-    sums = cluster.run(time_allreduce, floats=1000, repeats=3, stream=False)
+    sums = cluster.with_options(stream=False).run(time_all_reduce, floats=1000, repeats=3)
     assert [s["sum"] for s in sums] == [3.0, 3.0]  # ranks 0 and 1 contributed 1 and 2
 
 
@@ -203,8 +203,8 @@ def test_a_run_killed_from_outside_fails_on_that_rank(make_horovod):
     timer.start()
     try:
         with pytest.raises(WorkerError) as info:
-            cluster.run(train_mnist, per_worker_batch=32, epochs=50, steps_per_epoch=100, verbose=0,
-                        stream=False, timeout=120)
+            cluster.with_options(stream=False, timeout=120).run(train_mnist, per_worker_batch=32, epochs=50,
+                steps_per_epoch=100, verbose=0)
     finally:
         timer.cancel()
     assert info.value.task == "worker:1"
@@ -229,11 +229,12 @@ def test_why_keras3_is_refused_horovods_optimizer_does_not_average_under_it(make
         return tf.keras.__name__, float(sum(float(tf.reduce_sum(w)) for w in model.weights))
 
     cluster = make_horovod(workers=2)
-    (keras0, weights0), (keras1, weights1) = cluster.run(keras3_ranks, stream=False)
+    (keras0, weights0), (keras1, weights1) = cluster.with_options(stream=False).run(keras3_ranks)
     assert keras0.startswith("keras") and not keras0.startswith("tf_keras")
     assert abs(weights0 - weights1) > 1e-3, "under Keras 3 the ranks kept identical weights: lift the refusal"
 
 
+@pytest.mark.slow  # horovodrun: 10.9 s
 def test_horovodrun_past_its_time_limit_is_killed_with_everything_it_started():
     from kit.core.horovod import run_horovodrun
 

@@ -17,7 +17,7 @@ def test_first_line_of_a_traced_error_is_the_real_error():
     assert compat.first_line(traced) == "AttributeError: 'Variable' object has no attribute 'read_value'"
     assert compat.first_line(ValueError("Attempt to convert a value (PerReplica:{\n  0: <tf.Tensor>})")) == \
         "ValueError: Attempt to convert a value (PerReplica:{"
-    assert len(compat.first_line(RuntimeError("x" * 500))) == 140
+    assert len(compat.first_line(RuntimeError("x" * 500), compat.ERROR_CHARS)) == 140
 
 
 def test_cells_round_trip_through_markdown():

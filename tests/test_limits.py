@@ -101,6 +101,7 @@ def test_the_memory_shortfall_gives_the_numbers():
     assert limits.memory_shortfall(8, limits.Limits(1, None, None, None)) == ""
 
 
+@pytest.mark.slow  # a cluster: 4.5 s
 def test_a_cluster_that_will_not_fit_is_warned_before_it_starts(monkeypatch, make_cluster):
     tight = limits.Limits(affinity=2, cpu_quota=None, memory_limit=GiB, memory_used=GiB // 2,
                           memory_limit_from="cgroup memory.max at /sys/fs/cgroup/test")
@@ -180,7 +181,7 @@ def test_an_engine_killed_for_memory_is_reported_as_that(cgroup, no_leaks):
         warnings.simplefilter("ignore")  # the memory check warns about 2 tasks in 1 GiB: we know
         with TFCluster(workers=2) as cluster:
             try:
-                cluster.run(hog, tasks=["worker:1"], timeout=120)
+                cluster.with_options(tasks=["worker:1"], timeout=120).run(hog)
             except WorkerError as error:
                 print("TASK", error.task)
                 print(str(error).splitlines()[0])

@@ -60,6 +60,7 @@ def test_guide_models_and_arrays_have_the_tutorials_shapes():
     assert mirrored.build_toy_model(0.2).optimizer.learning_rate.numpy() == pytest.approx(0.2)
 
 
+@pytest.mark.slow  # TensorFlow in a new process: 2.7 s
 def test_split_cpu_in_a_fresh_process():
     code = textwrap.dedent("""
         from kit.train import mirrored

@@ -118,6 +118,16 @@ def test_workers_in_two_namespaces_train_with_their_own_addresses(hosts, ipp_clu
         assert cluster.tf_configs["worker:0"]["cluster"] == cluster.tf_configs["worker:1"]["cluster"]
         from kit.train.fit import train_mnist
         results = cluster.run(train_mnist, per_worker_batch=32, epochs=1, steps_per_epoch=5, verbose=0)
+
+        def malloc_arenas():
+            from kit.core import _remote
+            return _remote.MALLOC_ARENA_MAX, _remote.ARENAS_WHEN_LIMITED, _remote.malloc_arenas()
+
+        # these engines started without MALLOC_ARENA_MAX (glibc then ignores the variable): the kit's mallopt
+        # kept TensorFlow's threads from adding any arena to those the engine had before its role was set
+        arenas = cluster.run(malloc_arenas)
+        print("MALLOC_ARENA_MAX, arenas when set, arenas after training:", arenas)
+        assert all(limit == 2 and now == before for limit, before, now in arenas), arenas
     np.testing.assert_allclose(results[0]["loss"], results[1]["loss"], rtol=1e-5)
     assert results[0]["workers"] == 2
     assert not kit_processes(os.getpid())
@@ -135,6 +145,7 @@ def test_a_namespace_without_a_route_to_the_others_is_named(hosts, ipp_cluster):
     assert set(info.value.tasks) <= {"worker:0", "worker:1"} and info.value.tasks
 
 
+@pytest.mark.slow  # a user's ipyparallel cluster: 11.4 s
 def test_too_few_engines_is_a_clear_error(tmp_path):
     engines = ipp.Cluster(n=0, profile_dir=str(tmp_path / "profile"), log_level=40)
     engines.start_controller_sync()
@@ -147,6 +158,7 @@ def test_too_few_engines_is_a_clear_error(tmp_path):
         engines.stop_cluster_sync()
 
 
+@pytest.mark.slow  # a user's ipyparallel cluster: 7.0 s
 def test_engines_with_different_tensorflow_versions_are_refused(tmp_path):
     fake = tmp_path / "other-site"
     (fake / "tensorflow-9.9.0.dist-info").mkdir(parents=True)
@@ -168,6 +180,7 @@ def test_engines_option_rejects_other_things():
         TFCluster(workers=2, engines=42)
 
 
+@pytest.mark.slow  # a user's ipyparallel cluster: 12.9 s
 def test_a_users_cluster_without_engines_gets_one_engine_set_per_task(tmp_path, no_leaks):
     """Given an ipyparallel.Cluster (any launcher; here the local one), the kit starts its controller
     and one engine set per TF task through it, can restart them, and stops what it started."""

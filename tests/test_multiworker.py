@@ -1,11 +1,12 @@
-"""kit.train.multiworker: the deadline helper, error text, and (slow) the training function on two workers."""
+"""kit.train.multiworker: the deadline helper, error first lines, and (slow) the training function on two workers."""
 
 import os
 import time
 
 import pytest
 
-from kit.train import multiworker
+from kit.core.errors import OptionError, first_line
+from kit.train import multiworker, strategies
 
 
 def test_call_with_deadline_returns_the_value():
@@ -28,23 +29,24 @@ def test_call_with_deadline_reports_an_error():
     assert outcome["finished"] and outcome["error"] == "ValueError: broken"
 
 
-def test_error_text_drops_tensorflows_function_prefix():
+def test_first_line_drops_tensorflows_function_prefix():
     class FakeOpError(Exception):
         message = "{{function_node __wrapped__X_device_/job:worker}} Could not apply FILE based sharding\nmore"
 
-    assert multiworker.error_text(FakeOpError()) == "FakeOpError: Could not apply FILE based sharding"
+    assert first_line(FakeOpError()) == "FakeOpError: Could not apply FILE based sharding"
 
 
 def test_unknown_communication_is_refused():
-    with pytest.raises(ValueError, match="AUTO, RING, NCCL"):
-        multiworker.make_strategy("GLOO")
+    with pytest.raises(OptionError, match="AUTO, RING, NCCL") as refused:
+        strategies.build_strategy("multi_worker_mirrored", communication="GLOO")
+    assert refused.value.field == "communication" and "AUTO" in refused.value.fix
 
 
 @pytest.mark.slow
 def test_chief_writes_for_real_and_the_other_worker_in_a_temporary_directory(make_cluster, tmp_path):
     cluster = make_cluster(workers=2)
-    results = cluster.run(multiworker.train_with_callbacks, str(tmp_path), epochs=1, steps_per_epoch=2,
-                          tensorboard=False, verbose=0, stream=False)
+    results = cluster.with_options(stream=False).run(multiworker.train_with_callbacks, str(tmp_path),
+        epochs=1, steps_per_epoch=2, tensorboard=False, verbose=0)
     chief, other = results
     assert chief["chief"] and not other["chief"]
     assert chief["modelcheckpoint_wrote_to"] == "ckpt/ckpt_1"
@@ -62,16 +64,15 @@ def test_chief_writes_for_real_and_the_other_worker_in_a_temporary_directory(mak
         import os
         import time
 
-        from kit.train import multiworker
         from kit.train._tf import import_tensorflow
-        from kit.train.fit import make_strategy
+        from kit.train.strategies import build_strategy
 
         tf = import_tensorflow()
         if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
             time.sleep(delay)
-        strategy = make_strategy("multi_worker_mirrored")
+        strategy = build_strategy("multi_worker_mirrored")
         with strategy.scope():
             variable = tf.Variable(tf.ones([1000]))
-        return {"same": strategy is multiworker.strategy(), "sum": float(tf.reduce_sum(variable))}
+        return {"same": strategy is build_strategy("multi_worker_mirrored"), "sum": float(tf.reduce_sum(variable))}
 
-    assert cluster.run(late_chief_builds_a_variable, 2.0, stream=False) == [{"same": True, "sum": 1000.0}] * 2
+    assert cluster.with_options(stream=False).run(late_chief_builds_a_variable, 2.0) == [{"same": True, "sum": 1000.0}] * 2

@@ -1,10 +1,14 @@
-"""The project's files agree with each other: pins, Binder copy, notebooks without outputs."""
+"""The project's files agree with each other (pins, Binder copy, notebooks without outputs), and the
+package: its license, its package data, and a wheel that works installed elsewhere."""
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -59,6 +63,7 @@ def test_notebook_is_committed_clean_with_a_parameters_cell(path):
     assert "## What you saw" in "".join(nb["cells"][-1]["source"])
 
 
+@pytest.mark.slow  # a pytest run that must time out: 4.3 s
 def test_a_hung_test_fails_within_its_time_bound(tmp_path):
     """pytest-timeout bounds every test (pyproject: timeout); a hang is a failure that names the test."""
     assert tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["timeout"] > 0
@@ -67,3 +72,124 @@ def test_a_hung_test_fails_within_its_time_bound(tmp_path):
                              str(REPO / "pyproject.toml"), "--rootdir", str(tmp_path), "-o", "timeout=2",
                              str(tmp_path / "test_hang.py")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "Timeout" in result.stdout and "test_hangs" in result.stdout, result.stdout
+
+
+# --- the package: license, package data, and a non-editable install used from another directory ---
+
+def build_config():
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_license_is_an_spdx_string_with_the_apache_text_beside_it():
+    config = build_config()
+    assert config["project"]["license"] == "Apache-2.0 AND CC-BY-SA-3.0"  # the code, and the bundled MNIST
+    assert config["project"]["license-files"] == ["LICENSE", "kit/train/datasets/README.md"]
+    assert "Creative Commons Attribution-Share Alike 3.0" in (REPO / "kit/train/datasets/README.md").read_text()
+    text = (REPO / "LICENSE").read_text()
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"] and "END OF TERMS AND CONDITIONS" in text
+    # setuptools 77 is the first to read `license` as an SPDX string; the upper bound is the tested one
+    (spec,) = config["build-system"]["requires"]
+    assert re.fullmatch(r"setuptools>=77,<\d+", spec), spec
+
+
+def package_data_files(package: str, folder: Path) -> set[Path]:
+    """The files of ``folder`` that pyproject's package-data globs put into the wheel for ``package``."""
+    globs = build_config()["tool"]["setuptools"]["package-data"].get(package, [])
+    return {p for pattern in globs for p in folder.glob(pattern)}
+
+
+def test_package_data_carries_mnist_and_every_lesson_file_kit_notebooks_copies():
+    from kit.tools import cli
+    from kit.train import data
+
+    setuptools = build_config()["tool"]["setuptools"]
+    assert setuptools["package-dir"]["kit.notebooks"] == "notebooks"
+    assert data.BUNDLED_MNIST in package_data_files("kit.train.datasets", REPO / "kit" / "train" / "datasets")
+    shipped = set()
+    for package in ("kit.notebooks", "kit.notebooks.figures", "kit.notebooks.trials"):
+        assert package in setuptools["packages"]
+        folder = REPO / "notebooks" / Path(*package.split(".")[2:])
+        shipped |= {p.relative_to(REPO / "notebooks") for p in package_data_files(package, folder)}
+    copied = set(cli.notebook_files(REPO / "notebooks"))
+    assert shipped == copied
+    assert {Path(p.name) for p in NOTEBOOKS} <= copied and len([p for p in copied if p.suffix == ".svg"]) >= 10
+    # every figure a lesson shows, and every notebook a lesson runs from trials/, is in the wheel
+    figures = {p.relative_to(REPO / "notebooks") for p in (REPO / "notebooks" / "figures").iterdir() if p.is_file()}
+    trials = {p.relative_to(REPO / "notebooks") for p in (REPO / "notebooks" / "trials").glob("*.ipynb")}
+    shown = {Path(m) for p in NOTEBOOKS for m in re.findall(r"\]\((figures/[^)\s]+)\)", p.read_text())}
+    needed = figures | trials | shown
+    assert len(shown) >= 10 and needed <= shipped, sorted(map(str, needed - shipped))
+
+
+INSTALLED_CHECK = r"""
+import json, os, subprocess, sys
+from pathlib import Path
+
+import kit
+from kit.tools import cli
+from kit.train import data
+
+(x_train, y_train), _ = data.load_mnist()
+copy = subprocess.run([sys.executable, "-m", "kit.tools.cli", "notebooks", "lessons"], capture_output=True,
+                      text=True, timeout=120)
+print(json.dumps({
+    "kit": kit.__file__, "mnist": str(data.BUNDLED_MNIST), "train_images": len(x_train),
+    "notebooks": str(cli.notebooks_dir()), "copy": [copy.returncode, copy.stdout + copy.stderr],
+    "copied": sorted(str(p.relative_to("lessons")) for p in Path("lessons").rglob("*") if p.is_file()),
+}))
+"""
+
+
+@pytest.mark.slow  # builds and installs a wheel: about 10 s, more when pip fetches setuptools
+def test_a_wheel_installed_elsewhere_finds_mnist_the_notebooks_and_its_commands(tmp_path):
+    # The build runs on a copy: pip builds in the source folder, and its build/ and *.egg-info must
+    # not land in the checkout (nor collide with another run of this test).
+    source = tmp_path / "source"
+    skip = shutil.ignore_patterns("out", "__pycache__", ".ipynb_checkpoints", "*.egg-info", "build")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / name, source / name)
+    for name in ("kit", "notebooks"):
+        shutil.copytree(REPO / name, source / name, ignore=skip)
+    wheels, target, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    built = subprocess.run(pip + ["wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = wheels.glob("kit-*.whl")
+    # MNIST (11.5 MB, already compressed) is most of it; notebooks/out, tests and docs stay out
+    assert wheel.stat().st_size < 14e6, f"{wheel.name} is {wheel.stat().st_size / 1e6:.1f} MB"
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "kit/train/datasets/mnist.npz" in names and "kit/notebooks/figures/01-data-parallel.svg" in names
+    assert not [n for n in names if n.startswith(("kit/notebooks/out/", "tests/", "docs/"))]
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert any(n.endswith(".dist-info/licenses/kit/train/datasets/README.md") for n in names)
+    assert "License-Expression: Apache-2.0 AND CC-BY-SA-3.0" in metadata
+
+    installed = subprocess.run(pip + ["install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                               capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    env.pop("KIT_DATA_DIR", None)
+
+    def run(*command):
+        return subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+
+    checked = run(sys.executable, "-c", INSTALLED_CHECK)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    found = json.loads(checked.stdout.splitlines()[-1])
+    assert found["kit"] == str(target / "kit" / "__init__.py")
+    assert found["mnist"] == str(target / "kit" / "train" / "datasets" / "mnist.npz")
+    assert found["train_images"] == 60000
+    assert found["notebooks"] == str(target / "kit" / "notebooks")
+    assert found["copy"][0] == 0, found["copy"][1]
+    assert {p.name for p in NOTEBOOKS} | {"README.md", "figures/01-data-parallel.svg",
+                                          "trials/scaling-trial.ipynb"} <= set(found["copied"])
+    for command in ([str(target / "bin" / "kit"), "--help"], [sys.executable, "-m", "kit.tools.cli", "--help"]):
+        shown = run(*command)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        for name in ("tfconfig", "demo", "notebooks", "sweep", "plot", "bench", "faults", "compat"):
+            assert name in shown.stdout, (command, name, shown.stdout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kit.train import ps
+from kit.train.strategies import build_strategy
 from kit.core.errors import WorkerError
 
 
@@ -45,26 +46,26 @@ SERVERS = ["worker:0", "worker:1", "ps:0"]
 
 @pytest.mark.slow
 def test_servers_listen_at_their_tf_config_address_and_keep_running(ps_cluster):
-    servers = ps_cluster.run(ps.start_server, tasks=SERVERS, stream=False)
+    servers = ps_cluster.with_options(tasks=SERVERS, stream=False).run(ps.start_server)
     addresses = {t.name: t.address for t in ps_cluster.tasks}
     assert [s["target"] for s in servers] == [f"grpc://{addresses[n]}" for n in SERVERS]
     assert all(s["inter_op_threads"] >= 2 for s in servers)
-    assert ps_cluster.run(ps.start_server, tasks=SERVERS, stream=False) == servers
+    assert ps_cluster.with_options(tasks=SERVERS, stream=False).run(ps.start_server) == servers
 
 
 @pytest.mark.slow
 def test_roles_are_checked(ps_cluster):
     with pytest.raises(WorkerError, match="worker and ps tasks"):
-        ps_cluster.run(ps.start_server, tasks=["chief:0"], stream=False)
+        ps_cluster.with_options(tasks=["chief:0"], stream=False).run(ps.start_server)
     with pytest.raises(WorkerError, match="coordinator runs on the chief"):
-        ps_cluster.run(ps.make_strategy, tasks=["worker:0"], stream=False)
+        ps_cluster.with_options(tasks=["worker:0"], stream=False).run(build_strategy, "parameter_server")
 
 
 @pytest.mark.slow
 def test_scheduled_steps_each_make_one_update_and_the_big_kernel_is_sharded(ps_cluster):
-    ps_cluster.run(ps.start_server, tasks=SERVERS, stream=False)
-    loop = ps_cluster.run(ps.train_custom_loop, steps=6, per_worker_batch=16, examples=512,
-                          tasks=["chief:0"], stream=False)[0]
+    ps_cluster.with_options(tasks=SERVERS, stream=False).run(ps.start_server)
+    loop = ps_cluster.with_options(tasks=["chief:0"], stream=False).run(ps.train_custom_loop, steps=6,
+        per_worker_batch=16, examples=512)[0]
     assert loop["done_after_join"] and loop["final_version"] == 6 and (loop["workers"], loop["ps"]) == (2, 1)
     rows = ps.summarize_steps(loop["steps"])
     assert len(rows) == 6 and all(1 <= r["version"] <= 6 for r in rows)
@@ -73,6 +74,6 @@ def test_scheduled_steps_each_make_one_update_and_the_big_kernel_is_sharded(ps_c
         assert len(v["shards"]) == ps.expected_shards(v["shape"]) and all("/job:ps/" in d for d in v["devices"])
     assert [v["variable"] for v in loop["variables"] if v["sharded"]] == ["dense.kernel"]
 
-    fitted = ps_cluster.run(ps.train_fit, epochs=1, steps_per_epoch=4, per_worker_batch=16, examples=512,
-                            tasks=["chief:0"], stream=False)[0]
+    fitted = ps_cluster.with_options(tasks=["chief:0"], stream=False).run(ps.train_fit, epochs=1,
+        steps_per_epoch=4, per_worker_batch=16, examples=512)[0]
     assert fitted["final_version"] == 4 and len(fitted["epoch_loss"]) == 1

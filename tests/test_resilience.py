@@ -10,7 +10,7 @@ import pytest
 
 from conftest import broken_startup
 from kit.train import resilience
-from kit.core.errors import FailuresExhaustedError
+from kit.core.errors import FailuresExhaustedError, KitError
 
 
 # ----- the journal, without TensorFlow -------------------------------------------------------------
@@ -76,8 +76,9 @@ def test_wait_for_event_returns_the_first_record_of_that_event_or_names_what_is_
 def test_remove_backup_dir_refuses_when_files_remain(tmp_path):
     (tmp_path / "backup" / "chief").mkdir(parents=True)
     (tmp_path / "backup" / "chief" / "ckpt-1.index").write_text("x")
-    with pytest.raises(RuntimeError, match="did not finish cleanly"):
+    with pytest.raises(KitError, match="did not finish cleanly") as refused:
         resilience.remove_backup_dir(tmp_path)
+    assert "call the training function again" in refused.value.fix
     (tmp_path / "backup" / "chief" / "ckpt-1.index").unlink()
     (tmp_path / "backup" / "chief").rmdir()
     resilience.remove_backup_dir(tmp_path)
@@ -90,8 +91,8 @@ def test_remove_backup_dir_refuses_when_files_remain(tmp_path):
                                             ({"workers": 1, "chief": True}, "chief:0")])
 def test_killed_task_restarts_and_resumes_without_losing_steps(make_cluster, tmp_path, layout, victim):
     cluster = make_cluster(**layout)
-    results = cluster.run(resilience.train_resumable, str(tmp_path), epochs=4, steps_per_epoch=20,
-                          save_freq=10, kill_task=victim, kill_at_global_step=30, max_failures=2)
+    results = cluster.with_options(max_failures=2).run(resilience.train_resumable, str(tmp_path), epochs=4,
+        steps_per_epoch=20, save_freq=10, kill_task=victim, kill_at_global_step=30)
     assert [f.task for f in cluster.failures] == [victim]
     assert all(r["attempt"] == 2 and r["global_step"] == 80 for r in results)
     # the live view followed the restart: every task restarted once, and finished
@@ -113,8 +114,8 @@ def test_killed_task_restarts_and_resumes_without_losing_steps(make_cluster, tmp
 @pytest.mark.slow
 def test_epoch_backups_redo_the_interrupted_epoch_only(make_cluster, tmp_path):
     cluster = make_cluster(workers=2)
-    results = cluster.run(resilience.train_resumable, str(tmp_path), epochs=3, steps_per_epoch=10,
-                          save_freq="epoch", kill_task="worker:1", kill_at_global_step=15, max_failures=1)
+    results = cluster.with_options(max_failures=1).run(resilience.train_resumable, str(tmp_path), epochs=3,
+        steps_per_epoch=10, save_freq="epoch", kill_task="worker:1", kill_at_global_step=15)
     assert results[0]["epochs_run"] == [1, 2]  # epoch 0 was backed up, epoch 1 starts over
     summary = resilience.summarize(tmp_path, "worker:0")
     assert summary["steps_redone"] == 5 and summary["final_epochs"] == [0, 1, 2]
@@ -123,8 +124,8 @@ def test_epoch_backups_redo_the_interrupted_epoch_only(make_cluster, tmp_path):
 @pytest.mark.slow
 def test_sigterm_makes_all_workers_save_at_the_same_step(make_cluster, tmp_path):
     cluster = make_cluster(workers=2)
-    results = cluster.run(resilience.train_preemptible, str(tmp_path), total_steps=30,
-                          preempt_task="worker:1", preempt_at_step=12, max_failures=1)
+    results = cluster.with_options(max_failures=1).run(resilience.train_preemptible, str(tmp_path),
+        total_steps=30, preempt_task="worker:1", preempt_at_step=12)
     assert "Preempted" in cluster.failures[0].error
     assert all(r["first_step"] == 12 and r["global_step"] == 30 == r["optimizer_iterations"] for r in results)
     for task in cluster.task_names:
@@ -143,8 +144,8 @@ def test_a_task_that_never_comes_back_exhausts_max_failures(make_cluster, tmp_pa
     cluster = make_cluster(workers=2, start_timeout=30)
     start = time.monotonic()
     with pytest.raises(FailuresExhaustedError) as info:
-        cluster.run(resilience.train_resumable, str(tmp_path / "run"), epochs=2, steps_per_epoch=5,
-                    kill_task="worker:1", kill_at_global_step=3, max_failures=2)
+        cluster.with_options(max_failures=2).run(resilience.train_resumable, str(tmp_path / "run"), epochs=2,
+            steps_per_epoch=5, kill_task="worker:1", kill_at_global_step=3)
     failures = info.value.failures
     assert len(failures) == 3 and failures[0].task == "worker:1"
     assert all("restart failed" in f.error and f.task == "worker:1" for f in failures[1:])
@@ -178,7 +179,7 @@ PS_SERVERS = ["worker:0", "worker:1", "ps:0"]
 
 def start_ps_servers(cluster):
     from kit.train import ps
-    cluster.run(ps.start_server, tasks=PS_SERVERS, stream=False)
+    cluster.with_options(tasks=PS_SERVERS, stream=False).run(ps.start_server)
 
 
 def run_ps_and_kill(make_cluster, run_dir, victim_task):
@@ -186,9 +187,9 @@ def run_ps_and_kill(make_cluster, run_dir, victim_task):
     cluster = make_cluster(chief=True, workers=2, ps=1)
     start_ps_servers(cluster)
     victim = {t.name: t.pid for t in cluster.tasks}[victim_task]
-    (result,) = cluster.run(resilience.train_parameter_server, str(run_dir), steps=40, checkpoint_every=10,
-                            kill_pid=victim, kill_after_step=15, tasks=["chief:0"], max_failures=1,
-                            on_restart=start_ps_servers)
+    supervised = cluster.with_options(tasks=["chief:0"], max_failures=1, on_restart=start_ps_servers)
+    (result,) = supervised.run(resilience.train_parameter_server, str(run_dir), steps=40, checkpoint_every=10,
+                               kill_pid=victim, kill_after_step=15)
     return cluster, victim, result
 
 

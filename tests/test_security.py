@@ -194,7 +194,7 @@ def _read_line_within(proc: subprocess.Popen, seconds: float) -> str:
 @pytest.mark.slow
 def test_a_local_cluster_cannot_be_reached_from_another_host(attacker, secret, unprotected_server, make_cluster):
     cluster = make_cluster(workers=2)
-    ports = cluster.run(start_servers, stream=False)
+    ports = cluster.with_options(stream=False).run(start_servers)
     assert sorted(ports) == sorted(int(t.address.rpartition(":")[2]) for t in cluster.tasks)
     assert all("private network" in t.listens_on for t in cluster.tasks)
     assert not cluster.exposed_because
@@ -218,7 +218,7 @@ def test_a_local_cluster_cannot_be_reached_from_another_host(attacker, secret, u
 def test_isolation_none_exposes_the_servers_and_says_so(attacker, make_cluster):
     with pytest.warns(ExposedPortsWarning) as warned:
         cluster = make_cluster(workers=2, isolation="none")
-    ports = cluster.run(start_servers, stream=False)
+    ports = cluster.with_options(stream=False).run(start_servers)
     message = str(warned[0].message)
     for task in cluster.tasks:
         assert f"{task.name} at {task.address}" in message
@@ -228,6 +228,7 @@ def test_isolation_none_exposes_the_servers_and_says_so(attacker, make_cluster):
     assert all(row["connect"] == "connected" for row in results), results
 
 
+@pytest.mark.slow  # clusters: 4.7 s
 def test_without_namespaces_auto_warns_and_required_refuses(monkeypatch, make_cluster, no_leaks):
     def unavailable(*args, **kwargs):
         raise _netns.Unavailable("unshare(CLONE_NEWUSER | CLONE_NEWNET): Operation not permitted")
@@ -250,6 +251,7 @@ def test_isolation_default_comes_from_the_environment(monkeypatch):
         TFCluster(workers=1)
 
 
+@pytest.mark.slow  # a cluster: 4.0 s
 def test_the_controller_and_the_engines_open_no_port_on_the_host(make_cluster):
     """The kernel reaches the controller over unix sockets: nothing the cluster started listens on
     the host's network (the engines' sockets, if any, are in their private namespace)."""
@@ -258,10 +260,10 @@ def test_the_controller_and_the_engines_open_no_port_on_the_host(make_cluster):
     assert cluster.tasks[0].pid in pids
     tcp = [c for c in psutil.net_connections("inet") if c.pid in pids]
     assert not tcp, tcp
-    security = Path(cluster._ipp.profile_dir) / "security"  # noqa: SLF001 - what the kernel connects to
+    security = Path(cluster._engines.ipp.profile_dir) / "security"  # noqa: SLF001 - what the kernel connects to
     client = json.loads(next(security.glob("*client.json")).read_text())
-    assert client["interface"].startswith(f"ipc://{cluster._ipp.profile_dir}/")  # noqa: SLF001
-    assert oct(os.stat(cluster._ipp.profile_dir).st_mode & 0o777) == "0o700"  # noqa: SLF001
+    assert client["interface"].startswith(f"ipc://{cluster._engines.ipp.profile_dir}/")  # noqa: SLF001
+    assert oct(os.stat(cluster._engines.ipp.profile_dir).st_mode & 0o777) == "0o700"  # noqa: SLF001
 
 
 def test_the_controller_binds_the_ipc_names_its_engines_and_clients_connect_to():
@@ -375,7 +377,7 @@ def test_horovod_ranks_are_not_reachable_from_another_host(attacker, no_leaks):
     from kit.core.horovod import HorovodCluster
 
     with HorovodCluster(workers=2, env={"TF_CPP_MIN_LOG_LEVEL": "3"}) as cluster:
-        ports = sorted({port for ranks in cluster.run(horovod_ports, stream=False) for port in ranks})
+        ports = sorted({port for ranks in cluster.with_options(stream=False).run(horovod_ports) for port in ranks})
         assert cluster.rendezvous[1] in ports and len(ports) > 1, (cluster.rendezvous, ports)  # + Gloo
         print("listening in the private network:", ports)
         assert not listening_here(ports), "a rank listens in the host's network namespace"

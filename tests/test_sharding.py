@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from kit.core.errors import OptionError
 from kit.train import sharding
 
 
@@ -56,8 +57,9 @@ def test_memory_dataset_and_source_choice(tmp_path, monkeypatch):
     ids = [int(e["id"]) for e in sharding.source_dataset(examples=6).as_numpy_iterator()]
     assert ids == list(range(6))
     assert npz.exists()
-    with pytest.raises(ValueError, match="files= .* or examples="):
+    with pytest.raises(OptionError, match="files= .* or examples=") as refused:
         sharding.source_dataset()
+    assert refused.value.field == "files"
 
 
 def test_with_policy_sets_the_auto_shard_option():
@@ -66,8 +68,9 @@ def test_with_policy_sets_the_auto_shard_option():
     tf = import_tensorflow()
     dataset = sharding.with_policy(tf.data.Dataset.range(3), "OFF")
     assert dataset.options().experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.OFF
-    with pytest.raises(ValueError, match="AUTO, FILE, DATA, OFF"):
+    with pytest.raises(OptionError, match="AUTO, FILE, DATA, OFF") as refused:
         sharding.with_policy(dataset, "FILES")
+    assert refused.value.field == "policy"
 
 
 def test_plot_ownership_draws_one_strip_per_case(tmp_path):
@@ -83,11 +86,13 @@ def test_plot_ownership_draws_one_strip_per_case(tmp_path):
 @pytest.mark.slow
 def test_policies_on_two_workers(make_cluster, tmp_path):
     cluster = make_cluster(workers=2)
-    files = cluster.run(sharding.write_mnist_tfrecords, str(tmp_path), 4, 16, tasks=["worker:0"], stream=False)[0]
-    file_policy = cluster.run(sharding.observe, "FILE", files=files, global_batch=4, stream=False)
+    files = cluster.with_options(tasks=["worker:0"], stream=False).run(sharding.write_mnist_tfrecords,
+        str(tmp_path), 4, 16)[0]
+    file_policy = cluster.with_options(stream=False).run(sharding.observe, "FILE", files=files,
+        global_batch=4)
     assert [sharding.ids_seen(r) for r in file_policy] == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]
-    off = cluster.run(sharding.observe, "OFF", examples=8, global_batch=4, stream=False)
+    off = cluster.with_options(stream=False).run(sharding.observe, "OFF", examples=8, global_batch=4)
     assert all(sharding.ids_seen(r) == list(range(8)) for r in off)
-    manual = cluster.run(sharding.observe_manual, examples=8, global_batch=4, stream=False)
+    manual = cluster.with_options(stream=False).run(sharding.observe_manual, examples=8, global_batch=4)
     assert [sharding.ids_seen(r) for r in manual] == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert manual[1]["input_context"] == {"num_input_pipelines": 2, "input_pipeline_id": 1, "per_replica_batch": 2}

@@ -401,7 +401,7 @@ class BinderCgroup:
             if info["environ"] is None or info["cmdline"] is None:
                 continue  # gone meanwhile, or a zombie
             kind = _kind(info["cmdline"])
-            owners = {pid for pid, _ in _lifeline.parse(info["environ"].get(_lifeline.ENV_VAR, ""))}
+            owners = {pid for pid, _ in _lifeline.parse(info["environ"].get(_lifeline.LIFELINE_VAR, ""))}
             if info["pid"] in inside:
                 if kind:
                     sample.seen.setdefault(kind, set()).add(info["pid"])

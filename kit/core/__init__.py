@@ -1,10 +1,15 @@
 """The cluster layer: runs in the notebook's kernel and never imports TensorFlow there.
 
-- :mod:`.cluster`: ``TFCluster``, roles, TF_CONFIG, readiness and runs.
-- :mod:`.options`: ``ClusterOptions`` and ``TaskInfo`` (defaults, help and validation in one place).
+- :mod:`.cluster`: ``TFCluster``: options, one state value, one record per task, start/restart/stop.
+- :mod:`.engines`: the ``Engines`` interface (start, signal, alive, replace, log tail, close) and
+  ``LocalEngines`` (controller, lifeline, private network, one engine set per task).
+- :mod:`.attach`: ``ForeignEngines``, engines from elsewhere (SSH, Slurm, MPI, a running controller).
+- :mod:`.roles`: each task's port picked on its own engine, reachability, TF_CONFIG and its check.
+- :mod:`.runs`: ``cluster.run`` and ``cluster.with_options(...).run``: the run loop, output, supervision.
+- :mod:`.options`: ``ClusterOptions``, ``RunOptions`` and ``TaskInfo`` (defaults, help and validation).
 - :mod:`.tfconfig`: build, parse and check TF_CONFIG (pure).
-- :mod:`.errors`: the kit's errors, each with the field and the fix.
-- :mod:`.attach`: engines from elsewhere (SSH, Slurm, MPI, a running controller).
+- :mod:`.errors`: the kit's errors, each with the field and the fix (``.fix``); ``first_line`` of any error.
+- :mod:`.files`: ``write_atomic`` (results, tables) and ``save_figure``, for every layer.
 - :mod:`.view`: the live view of a run.
 - :mod:`.limits`: memory and CPU limits (cgroups), out-of-memory reports.
 - :mod:`.horovod`: ``HorovodCluster``, horovodrun over the same engines.

@@ -25,9 +25,9 @@ import threading
 
 import psutil
 
-ENV_VAR = "KIT_LIFELINE"
+LIFELINE_VAR = "KIT_LIFELINE"
 #: An engine's variable naming the holder of its cluster's private network (kit.core._netns), "pid:start_time".
-NETNS_ENV_VAR = "KIT_NETNS"
+NETNS_VAR = "KIT_NETNS"
 POLL_SECONDS = 0.5
 
 
@@ -74,7 +74,7 @@ def start(value: str | None = None) -> threading.Event:
     started in it too, watching the same processes plus the parent that forked it.
     """
     stop = threading.Event()
-    watched = parse(value if value is not None else os.environ.get(ENV_VAR, ""))
+    watched = parse(value if value is not None else os.environ.get(LIFELINE_VAR, ""))
     if watched:
         _start_thread(watched, stop)
         os.register_at_fork(after_in_child=lambda: _start_thread(
@@ -89,7 +89,7 @@ def _start_thread(watched: list[tuple[int, float]], stop: threading.Event) -> No
 def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m kit.core._lifeline MODULE [ARGS...]")
-    netns = os.environ.get(NETNS_ENV_VAR)
+    netns = os.environ.get(NETNS_VAR)
     if netns:  # an engine of a local cluster: into the cluster's private network first (kit.core._netns),
         from . import _netns  # while this process has one thread, as joining a user namespace needs
 

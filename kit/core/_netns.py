@@ -30,7 +30,7 @@ import tempfile
 import threading
 
 from . import _lifeline
-ENV_VAR = _lifeline.NETNS_ENV_VAR
+NETNS_VAR = _lifeline.NETNS_VAR
 READY = "ready"
 #: How long the holder may take to make the namespace (measured: 43-64 ms, mostly Python's start-up;
 #: docs/performance.md, change 12).
@@ -131,7 +131,7 @@ class PrivateNetwork:
         with tempfile.TemporaryFile("w+") as errors:  # a file, not a pipe: the holder may outlive us
             process = subprocess.Popen(
                 [sys.executable, "-m", "kit.core._netns"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=errors, text=True, env={**os.environ, _lifeline.ENV_VAR: lifeline},
+                stderr=errors, text=True, env={**os.environ, _lifeline.LIFELINE_VAR: lifeline},
             )
             line = _read_line(process, timeout)
             if line.strip() != READY:

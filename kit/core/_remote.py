@@ -12,6 +12,9 @@ import sys
 from importlib.util import find_spec
 from typing import Any
 
+from kit.core.errors import ClusterError
+from kit.core.tfconfig import this_task
+
 
 def report() -> dict[str, Any]:
     """What an engine tells the kit at readiness: who it is and what it was given."""
@@ -19,7 +22,7 @@ def report() -> dict[str, Any]:
         "tensorflow_version": _version("tensorflow"),
         "cores": _cores(),
         "address": reachable_address(),
-        "task": os.environ.get("KIT_TASK"),
+        "task": this_task(),  # "local" on an engine the kit did not start, until set_environment
         "pid": os.getpid(),
         "hostname": socket.gethostname(),
         "tf_config": os.environ.get("TF_CONFIG"),
@@ -27,6 +30,7 @@ def report() -> dict[str, Any]:
         "tensorflow_imported": "tensorflow" in sys.modules,
         "has_tf_keras": find_spec("tf_keras") is not None,
         "python": sys.version.split()[0],
+        "malloc_arena_max": MALLOC_ARENA_MAX,
     }
 
 
@@ -37,13 +41,6 @@ def _cores() -> int:
     return read().cores
 
 
-def port_is_free(port: int) -> bool:
-    """Whether ``port`` can be bound on all interfaces of this engine's host."""
-    from kit.core.tfconfig import port_is_free as check
-
-    return check(port)
-
-
 def free_port() -> int:
     """A port that is free on this engine's host now."""
     from kit.core.tfconfig import free_port as pick
@@ -51,12 +48,63 @@ def free_port() -> int:
     return pick()
 
 
-def set_environment(values: dict[str, str]) -> None:
-    """Update this engine's environment; refused once TensorFlow is imported (it would be ignored)."""
+def set_environment(values: dict[str, str]) -> dict[str, Any]:
+    """Set this engine's task environment (TF_CONFIG, threads, ...), then return its :func:`report`.
+
+    Refused once TensorFlow is imported (it would be ignored). ``MALLOC_ARENA_MAX`` is also applied
+    with glibc's ``mallopt``: glibc reads the variable only when the process starts, so for an engine
+    started elsewhere (without it in its launch environment) setting the variable alone does nothing.
+    """
     if "tensorflow" in sys.modules:
-        raise RuntimeError("TensorFlow is already imported on this engine, so a new TF_CONFIG "
+        raise ClusterError("TensorFlow is already imported on this engine, so a new TF_CONFIG "
                            "would not take effect; start fresh engines (cluster.restart()).")
     os.environ.update(values)
+    if "MALLOC_ARENA_MAX" in values:
+        limit_malloc_arenas(int(values["MALLOC_ARENA_MAX"]))
+    return report()
+
+
+#: What :func:`limit_malloc_arenas` set in this process (None: nothing yet, or not glibc), and how many
+#: arenas the process had then: those stay, and none is added after (tests/test_multihost.py checks).
+MALLOC_ARENA_MAX: int | None = None
+ARENAS_WHEN_LIMITED: int | None = None
+_M_ARENA_MAX = -8  # glibc's malloc.h
+
+
+def limit_malloc_arenas(arenas: int) -> bool:
+    """Cap glibc's malloc arenas at ``arenas`` from now on (``mallopt(M_ARENA_MAX, arenas)``).
+
+    Takes effect for arenas made afterwards, as long as glibc has not fixed its limit yet (it does once
+    the process has more than 8 arenas); arenas made before stay. The kit calls it before TensorFlow
+    starts its threads. Returns False where the C library is not glibc.
+    """
+    global MALLOC_ARENA_MAX, ARENAS_WHEN_LIMITED
+    import ctypes
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    if ctypes.CDLL(None).mallopt(_M_ARENA_MAX, arenas) != 1:
+        raise ClusterError(f"mallopt(M_ARENA_MAX, {arenas}) failed on this engine; "
+                           "remove MALLOC_ARENA_MAX from env= or give a whole number >= 1")
+    MALLOC_ARENA_MAX, ARENAS_WHEN_LIMITED = arenas, malloc_arenas()
+    return True
+
+
+def malloc_arenas() -> int:
+    """How many malloc arenas this process has now (glibc's malloc_info, one ``<heap>`` each)."""
+    import ctypes
+    import tempfile
+
+    libc = ctypes.CDLL(None)
+    libc.fopen.restype = ctypes.c_void_p
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile("r") as out:
+        stream = libc.fopen(out.name.encode(), b"w")
+        libc.malloc_info(0, stream)
+        libc.fclose(stream)
+        return out.read().count("<heap nr=")
 
 
 def call_with_sources(sources: dict[str, tuple], fn, *args: Any, **kwargs: Any) -> Any:
@@ -65,7 +113,7 @@ def call_with_sources(sources: dict[str, tuple], fn, *args: Any, **kwargs: Any) 
     A function sent from a notebook keeps its cell's file name (``/tmp/ipykernel_.../NNN.py``), which
     does not exist on the engine: without the source, AutoGraph cannot convert a ``map`` function or a
     ``tf.function`` defined in a cell (it warns, several lines per function, and runs it as is) and
-    tracebacks show no code. With the kernel's entries (see :func:`kit.core.cluster.notebook_sources`),
+    tracebacks show no code. With the kernel's entries (see :func:`kit.core.runs.notebook_sources`),
     ``inspect.getsource`` works there as it does in the notebook, for the cell as it is now.
     """
     import linecache
@@ -100,14 +148,25 @@ def reachable_address() -> str:
 _PROBE = None
 
 
-def open_probe(port: int) -> None:
-    """Listen on ``port`` (all interfaces) so that the other tasks can check they reach it."""
+def open_probe(port: int) -> bool:
+    """Listen on ``port`` (all interfaces) so that the other tasks can check they reach it; False if
+    the port is taken on this engine's host (or network namespace)."""
+    import errno
+
     global _PROBE
     close_probe()
-    _PROBE = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    _PROBE.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    _PROBE.bind(("", port))
-    _PROBE.listen(16)
+    probe_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    probe_socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe_socket.bind(("", port))
+    except OSError as error:
+        probe_socket.close()
+        if error.errno == errno.EADDRINUSE:
+            return False
+        raise
+    probe_socket.listen(16)
+    _PROBE = probe_socket
+    return True
 
 
 def close_probe() -> None:

@@ -137,7 +137,7 @@ class HorovodCluster(TFCluster):
     # ----- set-up -----------------------------------------------------------------------------
     def _setup_horovod(self) -> None:
         tasks = self.tasks
-        engine = {t.name: self._client[t.engine_id] for t in tasks}
+        engine = {t.name: self._records[t.name].engine for t in tasks}
         for name, view in engine.items():
             found = view.apply_sync(horovod_version)
             if found is None:

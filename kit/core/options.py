@@ -1,4 +1,5 @@
-"""Every TFCluster option with its default and help text, checked on construction; and TaskInfo.
+"""Every TFCluster option and every run option with its default and help text, checked on
+construction; and TaskInfo.
 
 Kept apart from :mod:`kit.core.cluster` so that the options (what ``kit demo --help`` lists) are in one
 short file.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import Any, Callable
 
 import ipyparallel as ipp
 
@@ -33,6 +34,13 @@ VIEW_CHOICES = {
 
 def _field(default: Any, help: str, **kwargs: Any) -> Any:
     return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
+
+
+def check_names(cls: type, given: dict[str, Any], what: str) -> None:
+    """Raise OptionError for the first name in ``given`` that is not a field of ``cls``, listing the valid ones."""
+    unknown = set(given) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise OptionError(sorted(unknown)[0], f"is not {what}", f"use one of {', '.join(cls.help())}")
 
 
 @dataclasses.dataclass
@@ -132,6 +140,58 @@ class ClusterOptions:
         layout = {"chief": int(self.chief), "worker": self.workers, "ps": self.ps,
                   "evaluator": int(self.evaluator)}
         return {t: n for t, n in layout.items() if n}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How ``cluster.run`` runs a function: ``cluster.with_options(timeout=60, max_failures=1).run(fn, ...)``.
+
+    Every keyword of ``run`` itself goes to the function; these options go through ``with_options``.
+    """
+
+    tasks: tuple | None = _field(None, "Run on these tasks only (names like 'worker:1'); default: every task.")
+    timeout: float | None = _field(None, "Seconds the run may take; after that ClusterError names the tasks "
+                                         "still running (and cluster.restart() is needed). Default: no bound.")
+    stream: bool = _field(True, "Show each task's output as it comes, prefixed with its name (or in the "
+                                "widget's log panels); False shows the table alone. Every line stays in "
+                                "cluster.output either way.")
+    max_failures: int = _field(0, "Supervise the run: when a task dies, raises or times out, replace every "
+                                  "engine (cluster.restart()) and call the function again, up to this many "
+                                  "times; then FailuresExhaustedError lists every failure. The function must "
+                                  "resume by itself (e.g. Keras's BackupAndRestore). 0: no supervision.")
+    on_restart: Callable | None = _field(None, "Called as on_restart(cluster) after each supervised restart, "
+                                               "before the function again (e.g. to start "
+                                               "ParameterServerStrategy's servers).")
+
+    def __post_init__(self) -> None:
+        if self.tasks is not None:
+            if isinstance(self.tasks, str) or not all(isinstance(t, str) for t in self.tasks):
+                raise OptionError("tasks", f"{self.tasks!r} is not a list of task names",
+                                  "e.g. tasks=['worker:0'] (a list, even for one task)")
+            object.__setattr__(self, "tasks", tuple(self.tasks))
+        if self.timeout is not None and (isinstance(self.timeout, bool) or
+                                         not isinstance(self.timeout, (int, float)) or self.timeout <= 0):
+            raise OptionError("timeout", f"{self.timeout!r} is not a positive number of seconds",
+                              "e.g. timeout=120, or None for no bound")
+        if not isinstance(self.stream, bool):
+            raise OptionError("stream", f"{self.stream!r} is not True or False",
+                              "stream=False shows the table alone")
+        if isinstance(self.max_failures, bool) or not isinstance(self.max_failures, int) or self.max_failures < 0:
+            raise OptionError("max_failures", f"{self.max_failures!r} is not a whole number >= 0",
+                              "e.g. max_failures=2 restarts the cluster at most twice")
+        if self.on_restart is not None and not callable(self.on_restart):
+            raise OptionError("on_restart", f"{self.on_restart!r} is not callable",
+                              "pass a function that takes the cluster, e.g. on_restart=start_servers")
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        """Option name → help text."""
+        return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
+
+    def updated(self, **changes: Any) -> "RunOptions":
+        """These options with ``changes``; an unknown name raises OptionError listing the valid ones."""
+        check_names(RunOptions, changes, "a run option")
+        return dataclasses.replace(self, **changes)
 
 
 @dataclasses.dataclass(frozen=True)

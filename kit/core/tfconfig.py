@@ -13,6 +13,7 @@ A TF_CONFIG looks like::
 from __future__ import annotations
 
 import json
+import os
 import socket
 from typing import Any, Iterable, Mapping
 
@@ -22,14 +23,25 @@ from .errors import TFConfigError
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 #: Top-level keys TensorFlow reads from TF_CONFIG besides ``cluster`` and ``task``.
 OPTIONAL_KEYS = ("environment", "rpc_layer", "session_master")
-#: Strategy names accepted by ``validate(..., strategy=...)``.
-STRATEGIES = {
+#: The strategies ``validate(..., strategy=...)`` checks a cluster for, by each accepted spelling.
+CHECKED_STRATEGIES = {
     "multi_worker_mirrored": "multi_worker_mirrored",
     "MultiWorkerMirroredStrategy": "multi_worker_mirrored",
     "parameter_server": "parameter_server",
     "ParameterServerStrategy": "parameter_server",
 }
 _SINGLETON_TYPES = ("chief", "evaluator")
+
+
+#: The environment variable the kit sets on each engine it starts: the engine's task name, e.g. ``worker:1``.
+TASK_VARIABLE = "KIT_TASK"
+#: The key of a task's progress in ipyparallel's data messages (sent by kit.train.progress, shown by kit.core.view).
+PROGRESS_KEY = "kit_progress"
+
+
+def this_task() -> str:
+    """This process's task name (``worker:1``, from ``KIT_TASK``), or ``local`` outside a kit cluster."""
+    return os.environ.get(TASK_VARIABLE) or "local"
 
 
 def task_name(task_type: str, index: int) -> str:
@@ -153,10 +165,10 @@ def check_strategy(cluster: Mapping[str, list[str]], strategy: str | None) -> No
     """Check that ``cluster`` has the tasks ``strategy`` needs (``None`` checks nothing)."""
     if strategy is None:
         return
-    if strategy not in STRATEGIES:
+    if strategy not in CHECKED_STRATEGIES:
         raise TFConfigError("strategy", f"unknown strategy {strategy!r}",
-                            f"use one of {', '.join(sorted(set(STRATEGIES.values())))}")
-    kind = STRATEGIES[strategy]
+                            f"use one of {', '.join(sorted(set(CHECKED_STRATEGIES.values())))}")
+    kind = CHECKED_STRATEGIES[strategy]
     if kind == "multi_worker_mirrored":
         if "ps" in cluster:
             raise TFConfigError("cluster.ps", "MultiWorkerMirroredStrategy has no parameter servers",

@@ -17,12 +17,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import html
+import logging
 import os
 import sys
 import time
 from typing import Any, Iterable
 
-from ..train.progress import KEY
+from .tfconfig import PROGRESS_KEY as KEY
+
+log = logging.getLogger("kit.core.view")
 
 #: The states a task goes through, in the order the table's colours follow.
 STATES = ("starting", "ready", "running", "done", "failed", "restarting")
@@ -277,7 +280,7 @@ class RunView:
     def restarting(self, text: str) -> None:
         for row in self.rows.values():
             row.state = "restarting"  # every engine is replaced, the failed one's note stays
-        self.output.event(text)
+        self.event(text)
         self.draw(final=True)
 
     def restarted(self, tasks: list, text: str) -> None:
@@ -289,11 +292,13 @@ class RunView:
             row.state, row.restarts, row.note = "ready", row.restarts + 1, ""
             row.progress.clear()
             row.started = row.finished = None
-        self.output.event(text)
+        self.event(text)
         self.draw(final=True)
 
     def event(self, text: str) -> None:
-        """A line about the whole run (a failure, a restart)."""
+        """A line about the whole run (a failure, a restart, giving up): shown, and logged to the
+        ``kit.core.view`` logger (INFO), the one channel for supervision messages."""
+        log.info("%s: %s", self.title, text)
         self.output.event(text)
 
     def draw(self, final: bool = False) -> None:

@@ -24,6 +24,9 @@ from typing import Any, Callable
 
 import psutil
 
+from ..core.errors import KitError, OptionError
+from ..core.files import write_atomic
+
 
 GOALS = {
     "efficiency_512": (">=", 0.9), "efficiency_64": (">=", 0.6),
@@ -84,8 +87,8 @@ class MemorySampler:
 TUNED = {"gradient_compression": "fp16", "steps_per_execution": 10}
 
 
-def throughput(workers: int, keras: str, per_worker_batch: int, epochs: int, steps: int,
-               memory: bool = False, **training: Any) -> dict[str, Any]:
+def measure_throughput(workers: int, keras: str, per_worker_batch: int, epochs: int, steps: int,
+                       memory: bool = False, **training: Any) -> dict[str, Any]:
     """Steady-state examples/s of the seeds' model: one process (``workers=1``, the global batch
     of two workers) or ``workers`` MultiWorkerMirroredStrategy tasks; ``training`` goes to
     :func:`kit.train.fit.train_mnist` (e.g. :data:`TUNED`)."""
@@ -98,8 +101,9 @@ def throughput(workers: int, keras: str, per_worker_batch: int, epochs: int, ste
         pids = [t.pid for t in cluster.tasks]
         sampler = MemorySampler(pids, os.getpid()) if memory else None
         with sampler or contextlib.nullcontext():
-            results = cluster.run(train_mnist, per_worker_batch=batch, epochs=epochs, steps_per_epoch=steps,
-                                  strategy=strategy, verbose=0, stream=False, **training)
+            results = cluster.with_options(stream=False).run(train_mnist, per_worker_batch=batch, epochs=epochs,
+                                                             steps_per_epoch=steps, strategy=strategy,
+                                                             verbose=0, **training)
     row = {"examples_per_second": results[0]["examples_per_second"], "keras": results[0]["keras"]}
     if sampler:
         row["uss_worker_mb"] = max(sampler.peak_uss.values()) / 2**20
@@ -107,42 +111,45 @@ def throughput(workers: int, keras: str, per_worker_batch: int, epochs: int, ste
     return row
 
 
-def horovod_throughput(per_worker_batch: int, epochs: int, steps: int, **training: Any) -> dict[str, Any]:
+def measure_horovod_throughput(per_worker_batch: int, epochs: int, steps: int,
+                               **training: Any) -> dict[str, Any]:
     """Steady-state examples/s of the seeds' model on two Horovod ranks (Gloo), the seeds' recipe
     (:func:`kit.train.horovod_fit.train_mnist`), at the same per-worker batch as the MWMS variants."""
     from ..core.horovod import HorovodCluster
     from ..train.horovod_fit import train_mnist
 
     with HorovodCluster(workers=2) as cluster:
-        results = cluster.run(train_mnist, per_worker_batch=per_worker_batch, epochs=epochs,
-                              steps_per_epoch=steps, verbose=0, stream=False, **training)
+        results = cluster.with_options(stream=False).run(train_mnist, per_worker_batch=per_worker_batch,
+                                                         epochs=epochs, steps_per_epoch=steps, verbose=0,
+                                                         **training)
     return {"examples_per_second": results[0]["examples_per_second"], "keras": results[0]["keras"]}
 
 
 def measure_variant(variant: str, batch: int, epochs: int, steps: int, memory: bool = False) -> dict[str, Any]:
     """One sample of one variant (see :data:`VARIANTS`)."""
     if variant == "tf-keras single":
-        return throughput(1, "tf-keras", batch, epochs, steps)
+        return measure_throughput(1, "tf-keras", batch, epochs, steps)
     if variant == "keras3 single":
-        return throughput(1, "keras3", batch, epochs, steps)
+        return measure_throughput(1, "keras3", batch, epochs, steps)
     if variant == "2 workers":
-        return throughput(2, "tf-keras", batch, epochs, steps, memory=memory)
+        return measure_throughput(2, "tf-keras", batch, epochs, steps, memory=memory)
     if variant == "2 workers tuned":
-        return throughput(2, "tf-keras", batch, epochs, steps, **TUNED)
+        return measure_throughput(2, "tf-keras", batch, epochs, steps, **TUNED)
     if variant == "2 Horovod":
-        return horovod_throughput(batch, epochs, steps)
+        return measure_horovod_throughput(batch, epochs, steps)
     if variant == "2 Horovod tuned":
-        return horovod_throughput(batch, epochs, steps, **HOROVOD_TUNED)
+        return measure_horovod_throughput(batch, epochs, steps, **HOROVOD_TUNED)
     if variant == "2 Horovod fp16":
-        return horovod_throughput(batch, epochs, steps, compression="fp16")
-    raise ValueError(f"variant {variant!r} is unknown; use some of {', '.join(VARIANTS)}")
+        return measure_horovod_throughput(batch, epochs, steps, compression="fp16")
+    raise OptionError("variant", f"{variant!r} is unknown", f"use one of {', '.join(VARIANTS)}")
 
 
-def _make_strategy() -> int:
-    """Build MultiWorkerMirroredStrategy and run its first all-reduce (a first step's communication)."""
-    from ..train.fit import make_strategy
+def _ready_replicas() -> int:
+    """Build MultiWorkerMirroredStrategy and run its first all-reduce (a first step's communication);
+    return the replicas it summed over."""
+    from ..train.strategies import build_strategy
 
-    strategy = make_strategy("multi_worker_mirrored")
+    strategy = build_strategy("multi_worker_mirrored")
     import tensorflow as tf
 
     total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
@@ -161,7 +168,7 @@ def time_to_ready(workers: int = 2, isolation: str = "auto") -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExposedPortsWarning)  # asked for: the comparison needs it
         with TFCluster(workers=workers, isolation=isolation) as cluster:
-            replicas = cluster.run(_make_strategy, stream=False)
+            replicas = cluster.with_options(stream=False).run(_ready_replicas)
             ready = time.perf_counter() - start
     assert replicas == [workers] * workers
     return ready
@@ -175,7 +182,8 @@ def recovery_time(seed: int) -> float:
         row = kill_trial(run_dir, {"workers": 2}, "worker:1", kill_step=15 + seed % 10, epochs=2,
                          steps_per_epoch=20, save_freq=10)
     if not row["completed_exactly"] or row["processes_left"]:
-        raise RuntimeError(f"recovery trial went wrong: {row}")
+        raise KitError(f"recovery trial went wrong: {row}", fix="run python -m kit.tools.fault_trials --trials 1 "
+                       "and read its rows: a trial must complete exactly once and leave no processes")
     return row["kill_to_first_step_s"]
 
 
@@ -218,7 +226,7 @@ def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int
 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
-        raise ValueError(f"variant {unknown[0]!r} is unknown; use some of {', '.join(VARIANTS)}")
+        raise OptionError("variants", f"{unknown[0]!r} is unknown", f"use some of {', '.join(VARIANTS)}")
     if horovod_version() is None and any("Horovod" in v for v in variants):
         log("Horovod is not installed here (make horovod): its variants are left out")
         variants = tuple(v for v in variants if "Horovod" not in v)
@@ -269,9 +277,9 @@ def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int
         log(f"recovery: {report['recovery_s']:.1f}s")
         save(report)
     if notebooks and "notebooks" in sections:
-        from .cli import NOTEBOOKS
+        from .cli import notebooks_dir
 
-        report["notebooks_s"] = notebook_times(sorted(NOTEBOOKS.glob("[0-9][0-9]-*.ipynb")))
+        report["notebooks_s"] = notebook_times(sorted(notebooks_dir().glob("[0-9][0-9]-*.ipynb")))
         log(f"notebooks: {report['notebooks_s']}")
     report["goals"] = check_goals(report)
     return report
@@ -357,7 +365,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     def save(report: dict) -> None:
-        (out / "bench.json").write_text(json.dumps(report, indent=1, default=str))
+        write_atomic(out / "bench.json", json.dumps(report, indent=1, default=str))  # saved after each section
 
     report = run(repeats=args.repeats, batches=tuple(args.batches), steps=args.steps,
                  notebooks=args.notebooks, save=save, sections=tuple(args.only),

@@ -1,21 +1,42 @@
-"""The ``kit`` command: ``kit tfconfig``, ``kit demo``, ``kit sweep`` and ``kit plot`` over the same
-functions the notebooks use."""
+"""The ``kit`` command: ``kit tfconfig``, ``kit demo``, ``kit notebooks``, ``kit sweep``, ``kit plot``,
+``kit bench``, ``kit faults`` and ``kit compat`` over the same functions the notebooks use."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import shlex
+import shutil
 import sys
+from importlib import resources
 from pathlib import Path
 
 from ..core import tfconfig
 from ..core.errors import KitError, TFConfigError
 from ..core.view import text_in_kernels_started_here
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = REPO_ROOT / "notebooks"
-DEMO_NOTEBOOK = NOTEBOOKS / "01-single-vs-multi-worker.ipynb"
+DEMO_NOTEBOOK = "01-single-vs-multi-worker.ipynb"
+#: What ``kit notebooks DIR`` copies: the lessons, their index, their figures, the sweep's trial notebook.
+NOTEBOOK_FILES = ("[0-9][0-9]-*.ipynb", "README.md", "figures/*.svg", "trials/*.ipynb")
+
+
+def notebooks_dir() -> Path:
+    """The folder of the lessons: ``kit/notebooks`` in an installed wheel (package data), else the
+    repository's ``notebooks/`` (an editable install, or kit imported from a checkout)."""
+    installed = Path(str(resources.files("kit") / "notebooks"))
+    checkout = Path(__file__).resolve().parents[2] / "notebooks"
+    for candidate in (installed, checkout):
+        if (candidate / DEMO_NOTEBOOK).is_file():
+            return candidate
+    raise KitError(f"the lessons are in neither {installed} (an installed kit) nor {checkout} (a "
+                   "checkout). Fix: git checkout notebooks/ in a checkout, or reinstall the kit (pip "
+                   "install --force-reinstall WHEEL_OR_SOURCE_FOLDER)")
+
+
+def notebook_files(source: Path | None = None) -> list[Path]:
+    """The lessons' files, relative to their folder (see :data:`NOTEBOOK_FILES`)."""
+    source = source or notebooks_dir()
+    return sorted({path.relative_to(source) for pattern in NOTEBOOK_FILES for path in source.glob(pattern)})
 
 
 def _read_json_arg(value: str) -> str:
@@ -78,25 +99,49 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     output = out / f"01-single-vs-multi-worker_workers-{args.workers}.ipynb"
+    notebook = notebooks_dir() / DEMO_NOTEBOOK
     parameters = {"N_WORKERS": args.workers, "PER_WORKER_BATCH": args.per_worker_batch,
                   "EPOCHS": args.epochs, "STEPS_PER_EPOCH": args.steps_per_epoch,
                   "OUT_DIR": str(out)}
-    print(f"kit demo: running {DEMO_NOTEBOOK.name} with {parameters} -> {output}", flush=True)
+    print(f"kit demo: running {notebook} with {parameters} -> {output}", flush=True)
     try:
         with text_in_kernels_started_here():
-            papermill.execute_notebook(str(DEMO_NOTEBOOK), str(output), parameters=parameters,
-                                       cwd=str(NOTEBOOKS), kernel_name="python3",
+            # the kernel works in the output folder: the notebook reads nothing relative to its own
+            # folder, and an installed kit's folder (site-packages) need not be writable
+            papermill.execute_notebook(str(notebook), str(output), parameters=parameters,
+                                       cwd=str(out), kernel_name="python3",
                                        progress_bar=False, log_output=args.verbose)
     except papermill.PapermillExecutionError as e:
         print(f"kit demo: the notebook failed in cell {e.exec_count}: {e.ename}: {e.evalue}\n"
               f"The partial notebook, with the error at the top, is at {output}", file=sys.stderr)
         return 1
     from . import results
-    summary = results.load(out / "demo-results.json")
+    summary = results.read_results(out / "demo-results.json")
     print(format_table(summary["rows"]))
     print(f"\nworkers' losses agree: {summary['workers_agree']}")
     print(f"notebook: {output}\nloss curves: {out / 'loss-curves.png'}")
     return 0 if summary["workers_agree"] else 1
+
+
+def cmd_notebooks(args: argparse.Namespace) -> int:
+    source = notebooks_dir()
+    target = Path(args.directory)
+    if target.resolve() == source.resolve():
+        raise KitError(f"{target} is where the lessons come from. Fix: give another folder")
+    files = notebook_files(source)
+    present = [str(name) for name in files if (target / name).exists()]
+    if present and not args.force:
+        raise KitError(f"{target} already has {', '.join(present[:3])}"
+                       f"{f' and {len(present) - 3} more' if len(present) > 3 else ''}. Fix: give a "
+                       "new folder, or --force to overwrite them (your edits to them are lost)")
+    for name in files:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / name, target / name)
+    lessons = sum(1 for name in files if name.parent == Path(".") and name.suffix == ".ipynb")
+    print(f"kit notebooks: copied {lessons} lessons and {len(files) - lessons} other files "
+          f"(figures, index, trial notebook) from {source} to {target}\n"
+          f"open them with: jupyter lab {shlex.quote(str(target))}")
+    return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -110,7 +155,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     fixed = experiments.parse_grid_text(notebook, args.set or [])
     fixed = {name: values[0] for name, values in fixed.items()}
     out = Path(args.out or Path("out") / notebook.stem)
-    points = experiments.validate(notebook, grid, fixed)
+    points = experiments.validate_grid(notebook, grid, fixed)
     print(f"kit sweep: {len(points)} run(s) of {notebook.name} -> {out}", flush=True)
     table = experiments.sweep(notebook, grid, out, resume=args.resume, parameters=fixed,
                               timeout=args.timeout, log_output=args.verbose)
@@ -157,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--cluster", help='cluster spec JSON (or @FILE), e.g. \'{"worker": ["h0:2222", "h1:2222"]}\'')
     group.add_argument("--check", metavar="JSON_OR_@FILE", help="TF_CONFIG to validate")
     p.add_argument("--task", help="the task, e.g. worker:1 or chief (with --cluster)")
-    p.add_argument("--strategy", choices=sorted(set(tfconfig.STRATEGIES.values())),
+    p.add_argument("--strategy", choices=sorted(set(tfconfig.CHECKED_STRATEGIES.values())),
                    help="also check what this strategy needs")
     p.add_argument("--indent", type=int, default=None, help="indent the printed JSON")
     p.add_argument("--export", action="store_true",
@@ -176,6 +221,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="out", help="output folder (default ./out)")
     p.add_argument("--quiet", dest="verbose", action="store_false", help="do not echo the notebook's output")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("notebooks", help="copy the lessons (with their figures) to a folder",
+                       description="Copies the notebooks that came with the kit (the numbered lessons, "
+                                   "their README index, figures/ and trials/) to DIR, to open and edit "
+                                   "there, e.g. after `pip install` of a wheel. Exit 2, copying nothing, "
+                                   "if DIR already holds one of them (unless --force).")
+    p.add_argument("directory", metavar="DIR", help="where to copy them (created if missing)")
+    p.add_argument("--force", action="store_true", help="overwrite notebooks already in DIR")
+    p.set_defaults(func=cmd_notebooks)
 
     p = sub.add_parser("sweep", help="run a notebook once per point of a parameter grid (papermill)",
                        description="Runs NOTEBOOK once per combination of the -p values, each in a fresh "
@@ -216,6 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Fault-injection trials: each on a fresh cluster, supervised, "
                                    "resumed with BackupAndRestore; counts leftover processes.")
     _delegate(p, "fault_trials")
+
+    p = sub.add_parser("compat", help="measure which Keras works with which strategy (the table)",
+                       description="The Keras compatibility table (make compat): runs each combination "
+                                   "of Keras (tf-keras, Keras 3) x strategy x training API (model.fit, "
+                                   "custom loop) for a few steps on a cluster, and prints the outcomes "
+                                   "as a Markdown table or writes it to --out "
+                                   "(docs/keras-compatibility.md is the committed one).")
+    _delegate(p, "compat")
     return parser
 
 

@@ -17,19 +17,19 @@ import argparse
 import dataclasses
 import datetime
 import platform
-import re
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ..core.errors import ClusterError, KitError, WorkerError
+from ..core.errors import ClusterError, KitError, WorkerError, first_line
+from ..core.files import write_atomic
+from ..train.strategies import STRATEGIES
 
 if TYPE_CHECKING:
     from ..core.cluster import TFCluster
 
 KERAS = ("tf-keras", "keras3")
-STRATEGIES = ("default", "mirrored", "multi_worker_mirrored", "parameter_server")
 MODES = ("custom_loop", "fit")  # the order a process runs them in
 TABLE_MODES = ("fit", "custom_loop")  # the order the table shows them in
 #: The cluster each strategy runs on (TFCluster options).
@@ -49,6 +49,8 @@ MODE_LABELS = {"fit": "model.fit", "custom_loop": "custom loop"}
 LOGICAL_CPUS = 2
 DEFAULT_STEPS = 3
 DEFAULT_TIMEOUT = 180.0
+#: The longest error line a table cell holds.
+ERROR_CHARS = 140
 DOCS_TABLE = Path(__file__).resolve().parents[2] / "docs" / "keras-compatibility.md"
 
 
@@ -76,23 +78,6 @@ class Outcome:
 def _escape(text: str) -> str:
     """Fit an error line into a Markdown table cell inside backticks."""
     return text.replace("|", "/").replace("`", "'")
-
-
-def first_line(error: BaseException | str, limit: int = 140) -> str:
-    """``"Type: first line of the message"``, cut to ``limit`` characters.
-
-    An error raised while tracing a ``tf.function`` starts with "in user code:" and the frames;
-    its real first line is the last "SomeError: ..." line of the message.
-    """
-    if isinstance(error, BaseException):
-        lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-        text = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-        if lines and lines[0] == "in user code:":
-            inner = [line for line in lines[1:] if re.match(r"[A-Za-z_.]*(Error|Exception)\b.*:", line)]
-            text = inner[-1] if inner else text
-    else:
-        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def signature(error: str) -> str:
@@ -129,7 +114,7 @@ def attempt(strategy: str, mode: str, steps: int = DEFAULT_STEPS) -> dict[str, A
                   eval_steps=1, logical_cpus=LOGICAL_CPUS)
         ok, error = True, ""
     except Exception as e:  # the outcome *is* the error: record it, do not raise
-        ok, error = False, first_line(e)
+        ok, error = False, first_line(e, ERROR_CHARS)
     return {"ok": ok, "error": error, "seconds": time.perf_counter() - started,
             "keras": keras_flavour()}
 
@@ -145,18 +130,18 @@ def run_on_cluster(cluster: "TFCluster", strategy: str, mode: str, steps: int = 
     if strategy == "parameter_server":
         from ..train.ps import start_server
 
-        cluster.run(start_server, tasks=[n for n in cluster.task_names if n != "chief:0"],
-                    stream=False)
+        servers = [n for n in cluster.task_names if n != "chief:0"]
+        cluster.with_options(tasks=servers, stream=False).run(start_server)
         tasks = ["chief:0"]
     else:
         tasks = cluster.task_names
     started = time.perf_counter()
     try:
-        results = cluster.run(attempt, strategy, mode, steps, tasks=tasks, timeout=timeout,
-                              stream=False)
+        results = cluster.with_options(tasks=tasks, timeout=timeout, stream=False).run(attempt, strategy, mode,
+                                                                                    steps)
     except (ClusterError, WorkerError) as e:
         cluster.restart()
-        return Outcome(keras, strategy, mode, False, first_line(e), time.perf_counter() - started)
+        return Outcome(keras, strategy, mode, False, first_line(e, ERROR_CHARS), time.perf_counter() - started)
     failed = [r for r in results if not r["ok"]]
     flavours = {r["keras"] for r in results}
     if flavours != {keras}:
@@ -307,16 +292,41 @@ def matches(outcome: Outcome, cell: str) -> bool:
         signature(cell[len("fails:"):].strip().strip("`")) == signature(outcome.error)
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``python -m kit.tools.compat`` and ``kit compat``."""
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the Markdown table here (default: print it)")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                        help=f"training steps per run (default {DEFAULT_STEPS})")
+    parser.add_argument("--keras", nargs="+", choices=KERAS, default=list(KERAS),
+                        help="the Keras choices to measure (default all)")
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
+                        help="the strategies to measure (default all)")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                        help="the training APIs to measure (default both)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help="seconds one combination may take before it counts as hung "
+                             f"(default {DEFAULT_TIMEOUT:g})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kit.tools.compat", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help="write the Markdown table here")
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps per run")
-    parser.add_argument("--keras", nargs="+", choices=KERAS, default=list(KERAS))
-    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                        help="seconds one combination may take before it counts as hung")
-    args = parser.parse_args(argv)
+    add_arguments(parser)
+    try:
+        return run_from_args(parser.parse_args(argv))
+    except KitError as e:
+        print(f"python -m kit.tools.compat: {e}", file=sys.stderr)
+        return 2
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Measure what ``args`` asks for (see :func:`add_arguments`); print or write the table."""
+    if args.steps < 1:  # checked before any cluster starts
+        raise KitError(f"--steps {args.steps}: each combination must run at least one step. Fix: "
+                       f"--steps {DEFAULT_STEPS} (the default) or more")
+    if not args.timeout > 0:
+        raise KitError(f"--timeout {args.timeout:g}: it must be positive. Fix: --timeout "
+                       f"{DEFAULT_TIMEOUT:g} (the default)")
 
     def report(o: Outcome) -> None:
         print(f"{o.keras:>8}  {STRATEGY_LABELS[o.strategy]:<50} {MODE_LABELS[o.mode]:<11} "
@@ -332,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                        command=" ".join(command))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        write_atomic(args.out, text)
         print(f"wrote {args.out}")
     else:
         print(text)

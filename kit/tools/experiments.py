@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..core.errors import GridError, KitError
+from ..core.files import write_atomic
 from ..core.view import text_in_kernels_started_here
 
 #: The parameter through which a sweep tells the notebook where to record its metrics.
@@ -59,7 +60,7 @@ def record(results_path: str | os.PathLike | None, **metrics: Any) -> dict[str, 
     clean = {name: _jsonable(value, name) for name, value in metrics.items()}
     if results_path is not None:
         from . import results
-        results.save(results_path, {"metrics": clean})
+        results.save_results(results_path, {"metrics": clean})
     return clean
 
 
@@ -140,8 +141,8 @@ def point_name(stem: str, point: Mapping[str, Any]) -> str:
 _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
 
 
-def validate(notebook: str | os.PathLike, grid: Mapping[str, Any] | Sequence[Mapping[str, Any]],
-             parameters: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def validate_grid(notebook: str | os.PathLike, grid: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+                  parameters: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Check ``grid`` (and fixed ``parameters``) against the notebook's parameters cell; return the points.
 
     Every name must be a parameter of the notebook (``papermill.inspect_notebook``), each value of the
@@ -261,7 +262,7 @@ def sweep(notebook: str | os.PathLike, grid: Mapping[str, Any] | Sequence[Mappin
 
     source = Path(notebook).resolve()
     fixed = dict(parameters or {})
-    points = validate(source, grid, fixed)
+    points = validate_grid(source, grid, fixed)
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     workdir = str(Path(cwd).resolve()) if cwd is not None else str(source.parent)
@@ -324,7 +325,7 @@ def _already_done(output: Path, metrics_file: Path, run_parameters: Mapping[str,
 
 def _read_metrics(path: Path) -> dict[str, Any]:
     from . import results
-    return dict(results.load(path).get("metrics", {}))
+    return dict(results.read_results(path).get("metrics", {}))
 
 
 def _row(run_parameters: Mapping[str, Any], output: Path, status: str, metrics: Mapping[str, Any],
@@ -339,16 +340,10 @@ def write_table(rows: Sequence[Mapping[str, Any]], out_dir: str | os.PathLike) -
     import pandas as pd
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     table = pd.DataFrame(list(rows))
-    json_path, csv_path = out / TABLE_JSON, out / TABLE_CSV
-    partial = json_path.with_suffix(".json.partial")
-    partial.write_text(json.dumps([_jsonable(dict(r), "row") for r in rows], indent=1))
-    partial.replace(json_path)
+    json_path = write_atomic(out / TABLE_JSON, json.dumps([_jsonable(dict(r), "row") for r in rows], indent=1))
     scalar = [c for c in table.columns if not table[c].map(lambda v: isinstance(v, (list, dict))).any()]
-    partial = csv_path.with_suffix(".csv.partial")
-    table[scalar].to_csv(partial, index=False)
-    partial.replace(csv_path)
+    csv_path = write_atomic(out / TABLE_CSV, table[scalar].to_csv(index=False))
     return json_path, csv_path
 
 

@@ -22,7 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..core.files import write_atomic
 from ..train import resilience
+
+
 def kill_trial(run_dir: str, layout: dict[str, Any], victim: str, kill_step: int, epochs: int,
                steps_per_epoch: int, save_freq: int | str, max_failures: int = 2) -> dict[str, Any]:
     """One trial on a fresh cluster; returns what the journal and the supervisor saw."""
@@ -30,10 +33,9 @@ def kill_trial(run_dir: str, layout: dict[str, Any], victim: str, kill_step: int
 
     started = time.time()
     with TFCluster(**layout) as cluster:
-        results = cluster.run(resilience.train_resumable, run_dir, epochs=epochs,
-                              steps_per_epoch=steps_per_epoch, save_freq=save_freq, kill_task=victim,
-                              kill_at_global_step=kill_step, max_failures=max_failures, stream=False,
-                              verbose=0)
+        supervised = cluster.with_options(max_failures=max_failures, stream=False)
+        results = supervised.run(resilience.train_resumable, run_dir, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                                 save_freq=save_freq, kill_task=victim, kill_at_global_step=kill_step, verbose=0)
         failures = list(cluster.failures)
         tasks = cluster.task_names
     leftovers = kit_processes(os.getpid())
@@ -102,7 +104,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     summary = summarize_trials(rows)
     print(json.dumps(summary, indent=1))
     if args.out:
-        Path(args.out, "trials.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+        write_atomic(Path(args.out, "trials.json"), json.dumps({"rows": rows, "summary": summary}, indent=1))
     ok = summary["completed_exactly"] == len(rows) and summary["processes_left_total"] == 0
     return 0 if ok else 1
 

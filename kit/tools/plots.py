@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from ..core.files import save_figure
+
 
 def loss_curves(runs: Mapping[str, Sequence[float]], path: str | os.PathLike | None = None,
                 title: str = "Training loss per step", xlabel: str = "step"):
@@ -16,7 +18,7 @@ def loss_curves(runs: Mapping[str, Sequence[float]], path: str | os.PathLike | N
     for label, losses in runs.items():
         ax.plot(range(1, len(losses) + 1), losses, label=label)
     _finish(fig, ax, xlabel, "loss", title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 
@@ -38,7 +40,7 @@ def recovery(baseline: Mapping[int, float], with_failure: Mapping[int, float], k
                label=f"resumed at step {resume_step}")
     _finish(fig, ax, "global step", "loss (running mean within the epoch)",
             title or "Training through a failure")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def step_timeline(panels: Mapping[str, Sequence[Mapping]], path: str | os.PathLike | None = None,
@@ -68,7 +70,7 @@ def step_timeline(panels: Mapping[str, Sequence[Mapping]], path: str | os.PathLi
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("seconds since the panel's first step started")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # ----- scaling studies (notebook 08, `kit plot DIR`) ---------------------------------------------
@@ -133,13 +135,6 @@ def _finish(fig, ax, xlabel: str, ylabel: str, title: str) -> None:
     fig.tight_layout()
 
 
-def _save(fig, path: str | os.PathLike | None):
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-    return fig
-
-
 def accuracy_vs_batch(table, path: str | os.PathLike | None = None, accuracy: str = "test_accuracy",
                       loss: str = "final_loss", batch: str = "global_batch"):
     """Final accuracy and final loss against the global batch, one line per learning-rate rule.
@@ -177,7 +172,7 @@ def accuracy_vs_batch(table, path: str | os.PathLike | None = None, accuracy: st
         axes[1].legend(fontsize=8)
     axes[0].legend(title="learning-rate rule")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def loss_vs_examples(table, path: str | os.PathLike | None = None, curve: str = "loss_curve",
@@ -232,7 +227,7 @@ def loss_vs_examples(table, path: str | os.PathLike | None = None, curve: str = 
         ax.set_visible(False)
     fig.suptitle("Loss vs examples seen, per learning-rate rule")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def throughput(table, path: str | os.PathLike | None = None, by: str = "per_worker_batch"):
@@ -271,7 +266,7 @@ def throughput(table, path: str | os.PathLike | None = None, by: str = "per_work
     axes[1].set_ylim(0, max(1.1, float(speed["efficiency"].max()) * 1.1)
                      if speed["efficiency"].notna().any() else 1.1)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_results(source, out_dir: str | os.PathLike | None = None, close: bool = True) -> dict:
@@ -305,5 +300,6 @@ def plot_results(source, out_dir: str | os.PathLike | None = None, close: bool =
         if close:
             plt.close(fig)
     if not written:
-        raise KitError("no figure fits this results table:\n  " + "\n  ".join(reasons))
+        raise KitError("no figure fits this results table:\n  " + "\n  ".join(reasons) + "\nFix: record what the "
+                       "reasons above name in the sweep's notebook, then run the sweep again")
     return written

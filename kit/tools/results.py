@@ -7,17 +7,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..core.files import write_atomic
 
-def save(path: str | os.PathLike, results: Any) -> Path:
+
+def save_results(path: str | os.PathLike, results: Any) -> Path:
     """Write ``results`` (JSON-able) to ``path`` atomically, creating its folder."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(target.suffix + ".partial")
-    partial.write_text(json.dumps(results, indent=2, sort_keys=True))
-    partial.replace(target)
-    return target
+    return write_atomic(path, json.dumps(results, indent=2, sort_keys=True))
 
 
-def load(path: str | os.PathLike) -> Any:
-    """Read results written by :func:`save`."""
+def read_results(path: str | os.PathLike) -> Any:
+    """Read results written by :func:`save_results`."""
     return json.loads(Path(path).read_text())

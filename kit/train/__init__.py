@@ -1,6 +1,8 @@
 """Code that runs on the engines (the TF tasks): it imports TensorFlow, in the task's process.
 
 - :mod:`.data`: the bundled MNIST.  :mod:`.models`: the seeds' models.
+- :mod:`.strategies`: ``build_strategy(name)``, the one builder of every ``tf.distribute`` strategy the kit
+  trains under (one per process).
 - :mod:`.progress`: progress reports for the live view (``callback``, ``Meter``).
 - :mod:`.probes`: what a task can observe (TensorFlow's log, devices, files, TensorBoard).
 - Recipes the benchmark, the tests and ``kit demo`` call: :mod:`.fit`, :mod:`.mirrored`,

@@ -22,7 +22,9 @@ def import_tensorflow():
                       stacklevel=3)
     import tensorflow as tf
 
-    if os.environ.get("KIT_TASK"):  # on a kit engine: keep TF's INFO chatter out of the notebook
+    from ..core.tfconfig import this_task
+
+    if this_task() != "local":  # on a kit engine: keep TF's INFO chatter out of the notebook
         tf.get_logger().setLevel(os.environ.get("KIT_TF_LOG_LEVEL", "WARNING"))
     return tf
 

@@ -2,9 +2,9 @@
 
 Each piece is small enough to show in a notebook cell (``inspect.getsource``):
 
-- :func:`make_strategy` creates (once per process) the strategy a name stands for; for
-  ``mirrored`` it first splits the CPU into logical devices (:func:`kit.train.mirrored.split_cpu`), one
-  replica each, as on a machine with several GPUs;
+- :func:`kit.train.strategies.build_strategy` builds (once per process) the strategy a name stands for;
+  for ``mirrored`` it first splits the CPU into logical devices (:func:`kit.train.mirrored.split_cpu`),
+  one replica each, as on a machine with several GPUs;
 - :func:`build_model` is the kit's CNN with an L2 penalty, so ``model.losses`` is not empty;
 - :func:`make_train_step` is the guide's step: ``strategy.run``, ``tf.GradientTape``,
   ``tf.nn.compute_average_loss`` with the *global* batch, ``tf.nn.scale_regularization_loss``,
@@ -26,40 +26,10 @@ from typing import Any, Callable
 
 from ._tf import import_tensorflow, keras_flavour
 from . import progress
-from ..core.errors import KitError
-
-STRATEGIES = ("default", "mirrored", "multi_worker_mirrored")
-
-#: Strategies created in this process, by name: TensorFlow configures collectives once per
-#: process, so a second MultiWorkerMirroredStrategy must not be created next to the first.
-_STRATEGIES: dict[str, Any] = {}
-
-
-def make_strategy(name: str, logical_cpus: int = 2) -> "tf.distribute.Strategy":
-    """The strategy ``name`` stands for, created once per process.
-
-    ``default``: no distribution; ``mirrored``: one replica per logical CPU (``logical_cpus`` of
-    them; the split must come before TensorFlow's runtime starts, so use a fresh process);
-    ``multi_worker_mirrored``: one replica per worker, from TF_CONFIG.
-    """
-    if name not in STRATEGIES:
-        raise KitError(f"strategy={name!r} is unknown. Fix: use one of {', '.join(STRATEGIES)}")
-    if name in _STRATEGIES:
-        return _STRATEGIES[name]
-    tf = import_tensorflow()
-    if name == "default":
-        strategy = tf.distribute.get_strategy()
-    elif name == "mirrored":
-        from .mirrored import split_cpu
-
-        devices = [device.name for device in split_cpu(logical_cpus)]
-        strategy = tf.distribute.MirroredStrategy(devices=devices)
-    else:
-        from .multiworker import strategy as process_strategy
-
-        strategy = process_strategy()
-    _STRATEGIES[name] = strategy
-    return strategy
+from .scaling import per_step_losses
+from .strategies import build_strategy
+from ..core.files import save_figure
+from ..core.tfconfig import this_task
 
 
 def build_model(learning_rate: float = 0.05, l2: float = 1e-4) -> "tf.keras.Model":
@@ -141,7 +111,7 @@ def _setup(strategy_name: str, per_replica_batch: int, learning_rate: float, l2:
            logical_cpus: int, initial_weights: list | None) -> tuple:
     """TensorFlow, the strategy, the global batch and a model built in the strategy's scope."""
     tf = import_tensorflow()
-    strategy = make_strategy(strategy_name, logical_cpus)
+    strategy = build_strategy(strategy_name, logical_cpus=logical_cpus)
     global_batch = per_replica_batch * strategy.num_replicas_in_sync
     tf.keras.utils.set_random_seed(seed)
     with strategy.scope():
@@ -169,7 +139,7 @@ def _devices(strategy: "tf.distribute.Strategy") -> list[str]:
 
 def _report(strategy_name: str, strategy: "tf.distribute.Strategy", global_batch: int,
             **values: Any) -> dict[str, Any]:
-    return {"task": os.environ.get("KIT_TASK", "local"), "keras": keras_flavour(),
+    return {"task": this_task(), "keras": keras_flavour(),
             "strategy": strategy_name, "replicas": strategy.num_replicas_in_sync,
             "devices": _devices(strategy),
             "global_batch": global_batch, **values}
@@ -225,33 +195,6 @@ def train_loop(strategy: str = "mirrored", per_replica_batch: int = 32, epochs: 
     return result
 
 
-def _batch_recorder(tf: Any, running_means: list) -> Any:
-    class BatchRecorder(tf.keras.callbacks.Callback):
-        """Keeps the per-batch logs' loss: the running mean over the epoch so far."""
-
-        def on_epoch_begin(self, epoch, logs=None):
-            running_means.append([])
-
-        def on_train_batch_end(self, batch, logs=None):
-            running_means[-1].append(float(logs["loss"]))
-
-    return BatchRecorder()
-
-
-def step_losses_from_running_means(running_means: list[list[float]]) -> list[float]:
-    """Per-step losses from Keras' per-batch logs, which hold the epoch's running mean.
-
-    Step ``k`` (1-based) of an epoch: ``k·m_k − (k−1)·m_{k−1}``.
-    """
-    steps = []
-    for epoch in running_means:
-        previous = 0.0
-        for k, mean in enumerate(epoch, start=1):
-            steps.append(k * mean - previous)
-            previous = k * mean
-    return steps
-
-
 def train_fit(strategy: str = "mirrored", per_replica_batch: int = 32, epochs: int = 2,
               steps_per_epoch: int = 20, learning_rate: float = 0.05, l2: float = 1e-4,
               seed: int = 42, eval_steps: int = 10, logical_cpus: int = 2,
@@ -266,17 +209,16 @@ def train_fit(strategy: str = "mirrored", per_replica_batch: int = 32, epochs: i
                                            logical_cpus, initial_weights)
     train_data, test_data = _datasets(global_batch, seed, eval_steps)
     model.distribute_reduction_method = "first"
-    running_means: list[list[float]] = []
+    measured = progress.callback(global_batch)  # live view; step_loss: the per-batch logs' running means
     started = time.perf_counter()
     history = model.fit(train_data, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
-                        callbacks=[_batch_recorder(tf, running_means),
-                                   progress.callback(global_batch)])
+                        callbacks=[measured])
     train_seconds = time.perf_counter() - started
     accuracy = None
     if eval_steps:
         accuracy = float(model.evaluate(test_data, verbose=0, return_dict=True)["accuracy"])
     result = _report(strategy, dist, global_batch, mode="model.fit",
-                     step_loss=step_losses_from_running_means(running_means),
+                     step_loss=per_step_losses(measured.step_loss, steps_per_epoch),
                      epoch_loss=[float(v) for v in history.history["loss"]],
                      eval_accuracy=accuracy, train_seconds=train_seconds)
     if return_weights:
@@ -312,8 +254,6 @@ def loop_vs_fit_figure(results: dict[str, dict[str, Any]],
                        path: str | os.PathLike | None = None) -> "matplotlib.figure.Figure":
     """Loss per step of the custom loop (thick line) and of ``model.fit`` (dots), one colour per
     run of :func:`loop_and_fit` (label → result); saved to ``path`` as PNG when given."""
-    from pathlib import Path
-
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -330,7 +270,4 @@ def loop_vs_fit_figure(results: dict[str, dict[str, Any]],
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-    return fig
+    return save_figure(fig, path)

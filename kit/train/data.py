@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from ..core.errors import KitError
 
-#: The copy of MNIST shipped in the repository (see data/README.md for provenance and license).
-BUNDLED_MNIST = Path(__file__).resolve().parents[2] / "data" / "mnist.npz"
+#: The copy of MNIST shipped inside the package, as package data (kit/train/datasets; its README.md gives
+#: provenance and license): found the same way in a checkout, an editable install and an installed wheel.
+BUNDLED_MNIST = Path(str(resources.files(__package__) / "datasets" / "mnist.npz"))
 #: sha256 of the bundled file.
 BUNDLED_MNIST_SHA256 = "06af5dfe73b70e3bc1c36439982b18a8d76803db9b544f6fdf838a37fbb01b64"
 MNIST_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
@@ -41,8 +43,9 @@ def mnist_path(path: str | os.PathLike | None = None) -> Path:
         candidate, source = BUNDLED_MNIST, "the bundled copy"
     if not candidate.is_file():
         raise KitError(f"MNIST not found at {candidate} ({source}). Fix: pass path= to an mnist.npz "
-                       "with x_train, y_train, x_test, y_test, set KIT_DATA_DIR to its folder, or "
-                       "restore data/mnist.npz from the repository")
+                       "with x_train, y_train, x_test, y_test, or set KIT_DATA_DIR to its folder; for the "
+                       "bundled copy, git checkout kit/train/datasets/mnist.npz in a checkout, or "
+                       "reinstall the kit (pip install --force-reinstall WHEEL_OR_SOURCE_FOLDER)")
     return candidate
 
 
@@ -59,7 +62,9 @@ def load_mnist(path: str | os.PathLike | None = None):
         actual = sha256_of(source)
         if actual != BUNDLED_MNIST_SHA256:
             raise KitError(f"{source} has sha256 {actual}, expected {BUNDLED_MNIST_SHA256}: the file "
-                           "is damaged or was replaced. Fix: git checkout data/mnist.npz")
+                           "is damaged or was replaced. Fix: git checkout kit/train/datasets/mnist.npz in a "
+                           "checkout, or reinstall the kit (pip install --force-reinstall "
+                           "WHEEL_OR_SOURCE_FOLDER)")
         _CHECKED.add(source)
     with np.load(source) as archive:
         missing = [name for name in MNIST_ARRAYS if name not in archive]

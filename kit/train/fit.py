@@ -2,35 +2,24 @@
 
 Notebooks call them through ``cluster.run(train_mnist, ...)`` and show their source; the demo,
 the benchmark and the tests call the same functions, so what the notebook teaches is what is tested.
+:func:`run_trial` (in the kernel) trains one point of a :mod:`kit.train.scaling` plan with :func:`train_mnist`.
 """
 
 from __future__ import annotations
 
-import os
+import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import progress
 from ._tf import import_tensorflow, keras_flavour
+from .scaling import per_step_losses, warmup_schedule
+from .strategies import build_strategy
+from ..core.errors import OptionError
+from ..core.tfconfig import this_task
 
-STRATEGIES = ("multi_worker_mirrored", "default")
-
-
-def make_strategy(name: str):
-    """``multi_worker_mirrored`` (reads TF_CONFIG) or ``default`` (one process, no distribution).
-
-    ``multi_worker_mirrored`` is this process's one strategy (:func:`kit.train.multiworker.strategy`): a
-    second one, made for the next run on the same engines, re-configures collectives and aborts a
-    worker whose first broadcast reached the chief before the chief made its own second strategy.
-    """
-    tf = import_tensorflow()
-    if name == "multi_worker_mirrored":
-        from .multiworker import strategy
-
-        return strategy()
-    if name == "default":
-        return tf.distribute.get_strategy()
-    raise ValueError(f"strategy={name!r} is unknown; use one of {', '.join(STRATEGIES)}")
+if TYPE_CHECKING:
+    from .scaling import Trial
 
 
 def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: int = 70,
@@ -56,14 +45,12 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
     from . import data, models
     started = time.perf_counter()
     tf.keras.utils.set_random_seed(seed)
-    dist = make_strategy(strategy)
+    dist = build_strategy(strategy)  # one per process (kit.train.strategies says why)
     workers = dist.num_replicas_in_sync
     global_batch = per_worker_batch * workers
     dataset = data.mnist_dataset(global_batch, shuffle_seed=seed)
     rate = learning_rate
     if warmup_steps:
-        from .scaling import warmup_schedule
-
         rate = warmup_schedule(learning_rate, warmup_steps, warmup_from)
     with dist.scope():
         model = models.build_and_compile_cnn_model(learning_rate=rate,
@@ -78,7 +65,7 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
         test_loss, test_accuracy = model.evaluate(test, verbose=0)
         evaluation = {"test_loss": float(test_loss), "test_accuracy": float(test_accuracy)}
     return {
-        "task": os.environ.get("KIT_TASK", "local"),
+        "task": this_task(),
         "keras": keras_flavour(),
         "strategy": strategy,
         "workers": workers,
@@ -89,3 +76,38 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
         "wall_seconds": time.perf_counter() - started,
         **evaluation,
     }
+
+
+def run_trial(cluster, trial: "Trial", *, eval_examples: int = 2000, seed: int = 42,
+              stream: bool = False) -> dict[str, Any]:
+    """Train one point planned by :func:`kit.train.scaling.plan` on a started ``cluster``; return one
+    results-table row.
+
+    The cluster must have ``trial.workers`` workers. One worker trains with the default strategy
+    (no distribution), several with MultiWorkerMirroredStrategy. The row holds the plan, the test
+    accuracy and loss, the final training loss (mean of the last eighth of the steps), the per-step
+    losses (``loss_curve``), examples/s (epochs after the first), and whether all workers agree.
+    """
+    if len(cluster.task_names) != trial.workers:
+        raise OptionError("workers", f"the trial wants {trial.workers} worker(s), the cluster has "
+                          f"{len(cluster.task_names)} task(s)", "start a cluster with "
+                          f"kit.TFCluster(workers={trial.workers})")
+    strategy = "default" if trial.workers == 1 else "multi_worker_mirrored"
+    results = cluster.with_options(stream=stream).run(train_mnist, **trial.train_kwargs(), strategy=strategy,
+                                                      seed=seed, verbose=0, eval_examples=eval_examples)
+    first = results[0]
+    curve = per_step_losses(first["step_loss"], trial.steps_per_epoch)
+    tail = curve[-max(1, len(curve) // 8):]
+    final = sum(tail) / len(tail) if all(math.isfinite(v) for v in tail) else float("nan")
+    agree = all(len(r["loss"]) == len(first["loss"]) and all(map(_close, r["loss"], first["loss"]))
+                for r in results)
+    return {**trial.as_row(), "test_accuracy": first["test_accuracy"], "test_loss": first["test_loss"],
+            "final_loss": final, "examples_per_second": first["examples_per_second"],
+            "wall_seconds": max(r["wall_seconds"] for r in results), "workers_agree": agree,
+            "loss_curve": curve}
+
+
+def _close(a: float, b: float, rtol: float = 1e-5) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b or abs(a - b) <= rtol * max(abs(a), abs(b))

@@ -14,6 +14,8 @@ from typing import Any
 
 from . import progress
 from ._tf import import_tensorflow, keras_flavour
+from ..core.errors import OptionError
+from ..core.tfconfig import this_task
 
 COMPRESSIONS = ("none", "fp16")
 
@@ -32,7 +34,8 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
     (fewer Python round trips; the all-reduces stay one per step).
     """
     if compression not in COMPRESSIONS:
-        raise ValueError(f"compression={compression!r} is unknown; use one of {', '.join(map(repr, COMPRESSIONS))}")
+        raise OptionError("compression", f"{compression!r} is unknown",
+                          f"use one of {', '.join(map(repr, COMPRESSIONS))}")
     tf = import_tensorflow()
     import horovod.tensorflow.keras as hvd
 
@@ -71,7 +74,7 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
         return [float(v) for v in hvd.allreduce(tf.constant(values, tf.float64), op=hvd.Average).numpy()]
 
     return {
-        "task": os.environ.get("KIT_TASK", "local"),
+        "task": this_task(),
         "keras": keras_flavour(),
         "strategy": "horovod",
         "rank": hvd.rank(),
@@ -89,7 +92,7 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
     }
 
 
-def time_allreduce(floats: int = 2_770_000, repeats: int = 20, compression: str = "none") -> dict[str, Any]:
+def time_all_reduce(floats: int = 2_770_000, repeats: int = 20, compression: str = "none") -> dict[str, Any]:
     """Median milliseconds of one hvd.allreduce of ``floats`` float32 values (the seeds' CNN has about
     2.77 M parameters: one step's gradients), after one warm-up; and the value it computed."""
     tf = import_tensorflow()
@@ -105,5 +108,5 @@ def time_allreduce(floats: int = 2_770_000, repeats: int = 20, compression: str 
         summed = hvd.allreduce(tensor, op=hvd.Sum, compression=chosen)
         float(summed[0])  # wait for the value
         times.append(time.perf_counter() - start)
-    return {"task": os.environ.get("KIT_TASK", "local"), "backend": "horovod", "floats": floats,
+    return {"task": this_task(), "backend": "horovod", "floats": floats,
             "median_ms": 1000 * statistics.median(times), "sum": float(summed[0])}

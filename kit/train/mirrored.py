@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._tf import import_tensorflow
-from ..core.errors import KitError
+from ..core.errors import KitError, OptionError
 from .probes import captured_tf_log  # noqa: F401  (notebook 02 and kit.train.multiworker use it from here)
 
 #: The guide's learning rate for each *global* batch size (per-replica batch 5 × 1, 2, 4 replicas).
@@ -34,7 +34,7 @@ def split_cpu(n: int) -> list:
     initialization it raises :class:`~kit.core.errors.KitError` saying to restart the process.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise KitError(f"n={n!r}: the number of logical CPUs must be a whole number >= 1")
+        raise OptionError("n", f"{n!r} is not a whole number >= 1", "give the number of logical CPUs, e.g. n=2")
     tf = import_tensorflow()
     cpu = tf.config.list_physical_devices("CPU")[0]
     current = tf.config.get_logical_device_configuration(cpu)
@@ -132,7 +132,7 @@ def make_cross_device_ops(name: str):
         "NcclAllReduce": tf.distribute.NcclAllReduce,
     }
     if name not in factories:
-        raise KitError(f"cross_device_ops={name!r} is unknown; use one of {', '.join(CROSS_DEVICE_OPS)}")
+        raise OptionError("cross_device_ops", f"{name!r} is unknown", f"use one of {', '.join(CROSS_DEVICE_OPS)}")
     return factories[name]()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._tf import import_tensorflow, keras_flavour
+from ..core.errors import OptionError
 
 GRADIENT_COMPRESSION = ("none", "fp16")
 
@@ -17,11 +18,11 @@ def build_and_compile_cnn_model(learning_rate=0.001, gradient_compression: str =
     TensorFlow (fewer Python round trips; callbacks see one batch per execution).
     """
     if gradient_compression not in GRADIENT_COMPRESSION:
-        raise ValueError(f"gradient_compression={gradient_compression!r} is unknown; use one of "
-                         f"{', '.join(map(repr, GRADIENT_COMPRESSION))}")
+        raise OptionError("gradient_compression", f"{gradient_compression!r} is unknown",
+                          f"use one of {', '.join(map(repr, GRADIENT_COMPRESSION))}")
     if not isinstance(steps_per_execution, int) or steps_per_execution < 1:
-        raise ValueError(f"steps_per_execution={steps_per_execution!r} is not a whole number >= 1; "
-                         "1 runs one step per call")
+        raise OptionError("steps_per_execution", f"{steps_per_execution!r} is not a whole number >= 1",
+                          "give 1 (one step per call) or more")
     tf = import_tensorflow()
     optimizer_class = tf.keras.optimizers.SGD
     if gradient_compression == "fp16":
@@ -54,8 +55,9 @@ def half_precision_allreduce(optimizer_class):
     """
     tf = import_tensorflow()
     if keras_flavour() != "tf-keras":
-        raise ValueError("gradient_compression='fp16' needs tf-keras (TFCluster(keras='tf-keras'), "
-                         "the default): Keras 3 optimizers have no aggregate_gradients hook")
+        raise OptionError("gradient_compression", "'fp16' needs tf-keras: Keras 3 optimizers have no "
+                          "aggregate_gradients hook", "start the cluster with TFCluster(keras='tf-keras') (the "
+                          "default), or use gradient_compression='none'")
 
     class HalfPrecisionAllReduce(optimizer_class):
         def aggregate_gradients(self, grads_and_vars):

@@ -6,7 +6,8 @@ which Keras callback hooks ran on it, where its TensorBoard and ModelCheckpoint 
 and what happened when it saved and restored a ``tf.train.Checkpoint`` outside ``fit``
 (:func:`train_with_callbacks`); how many steps ``fit`` runs with and without ``.repeat()``
 (:func:`count_fit_steps`); and how long an all-reduce takes per collective implementation
-(:func:`time_all_reduce`). They share one strategy per process (:func:`strategy`).
+(:func:`time_all_reduce`). They share one strategy per process
+(:func:`kit.train.strategies.build_strategy`).
 """
 
 from __future__ import annotations
@@ -20,59 +21,9 @@ from typing import Any, Callable
 
 from . import progress
 from ._tf import import_tensorflow
-
-#: ``CommunicationImplementation`` names MultiWorkerMirroredStrategy accepts.
-COMMUNICATIONS = ("AUTO", "RING", "NCCL")
-
-
-def make_strategy(communication: str = "AUTO", timeout_seconds: float | None = None):
-    """A MultiWorkerMirroredStrategy for this task's TF_CONFIG, with the given collective implementation.
-
-    AUTO lets TensorFlow choose (RING on CPUs), RING is TensorFlow's ring all-reduce over gRPC, NCCL
-    is NVIDIA's library for GPUs (on CPUs TensorFlow falls back to RING). ``timeout_seconds``
-    bounds each collective.
-    """
-    tf = import_tensorflow()
-    if communication not in COMMUNICATIONS:
-        raise ValueError(f"communication={communication!r} is unknown; use one of {', '.join(COMMUNICATIONS)}")
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=getattr(tf.distribute.experimental.CommunicationImplementation, communication),
-        timeout_seconds=timeout_seconds)
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-
-
-_process_strategy: dict[str, Any] = {}
-
-
-def strategy(communication: str = "AUTO"):
-    """This process's MultiWorkerMirroredStrategy: created on the first call, the same one afterwards.
-
-    Use one strategy per process. Making a second MultiWorkerMirroredStrategy re-enables collectives,
-    which drops the process's collective state: when the other worker already waits for the chief's
-    first broadcast of the new run (it made its strategy sooner), that wait fails with "Collective ops
-    is aborted by: Delete called on non-empty BufRendezvous". Reproduced on the kit's engines by
-    delaying the chief 2 s before its second strategy (tests/test_multiworker.py), and seen once in CI
-    as notebook 08's trials on one cluster, under load. Asking for another ``communication`` later raises
-    ValueError.
-    """
-    if not _process_strategy:
-        _process_strategy["communication"] = communication
-        _process_strategy["strategy"] = make_strategy(communication)
-    elif _process_strategy["communication"] != communication:
-        raise ValueError(f"this process already has a MultiWorkerMirroredStrategy with communication="
-                         f"{_process_strategy['communication']!r}; use fresh processes (cluster.restart()) "
-                         f"for communication={communication!r}")
-    return _process_strategy["strategy"]
-
-
-def error_text(error: BaseException) -> str:
-    """"Type: first line of the message", without TensorFlow's "{{function_node ...}}" prefix."""
-    message = getattr(error, "message", None) or str(error)
-    lines = [line for line in message.splitlines() if line.strip()]
-    text = lines[0] if lines else ""
-    if text.startswith("{{") and "}}" in text:
-        text = text.split("}}", 1)[1].strip()
-    return f"{type(error).__name__}: {text}"
+from .strategies import COMMUNICATIONS, build_strategy
+from ..core.errors import first_line
+from ..core.tfconfig import this_task
 
 
 def call_with_deadline(fn: Callable[..., Any], seconds: float, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -88,7 +39,7 @@ def call_with_deadline(fn: Callable[..., Any], seconds: float, *args: Any, **kwa
         try:
             outcome["value"] = fn(*args, **kwargs)
         except Exception as error:  # reported to the caller, not swallowed
-            outcome["error"] = error_text(error)
+            outcome["error"] = first_line(error)
         outcome["finished"] = True
 
     started = time.perf_counter()
@@ -123,7 +74,7 @@ def train_with_callbacks(model_dir: str, per_worker_batch: int = 64, epochs: int
     from .probes import probe_callback, tensorboard_installed
 
     tf.keras.utils.set_random_seed(seed)
-    dist = strategy(communication)
+    dist = build_strategy("multi_worker_mirrored", communication=communication)
     task_type, task_id, cluster_spec = checkpoints.task_of(dist)
     workers = dist.num_replicas_in_sync
     global_batch = per_worker_batch * workers
@@ -138,7 +89,7 @@ def train_with_callbacks(model_dir: str, per_worker_batch: int = 64, epochs: int
                                                        save_weights_only=True)
     # at every epoch end, after the callbacks before it: the files under logs/ and ckpt/
     probe = probe_callback(watch={"logs": base / "logs", "ckpt": base / "ckpt"})
-    live = progress.callback(global_batch, summed_over=workers)  # the notebook's live view
+    live = progress.callback(global_batch)  # the notebook's live view
     callbacks = [cb for cb in (board, checkpoint_cb, probe, live) if cb is not None]
     history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
                         callbacks=callbacks)
@@ -150,7 +101,7 @@ def train_with_callbacks(model_dir: str, per_worker_batch: int = 64, epochs: int
     untrained_diff = _max_difference(fresh.get_weights(), trained)
     restored = checkpoints.restore_latest(tf.train.Checkpoint(model=fresh), base / "manual")
     return {
-        "task": os.environ.get("KIT_TASK", "local"),
+        "task": this_task(),
         "task_type": task_type, "task_id": task_id,
         "chief": checkpoints.is_chief(task_type, task_id, cluster_spec),
         "should_checkpoint": bool(dist.extended.should_checkpoint),
@@ -187,7 +138,7 @@ def count_fit_steps(per_worker_batch: int = 32, examples: int = 256, epochs: int
     from .probes import probe_callback
 
     tf.keras.utils.set_random_seed(seed)
-    dist = strategy()
+    dist = build_strategy("multi_worker_mirrored")
     global_batch = per_worker_batch * dist.num_replicas_in_sync
     (x_train, y_train), _ = data.load_mnist()
     dataset = tf.data.Dataset.from_tensor_slices((x_train[:examples], y_train[:examples]))
@@ -200,7 +151,7 @@ def count_fit_steps(per_worker_batch: int = 32, examples: int = 256, epochs: int
     probe = probe_callback()
     with captured_tf_log() as log:
         model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=0, callbacks=[probe])
-    return {"task": os.environ.get("KIT_TASK", "local"), "repeat": repeat, "global_batch": global_batch,
+    return {"task": this_task(), "repeat": repeat, "global_batch": global_batch,
             "batches_available": None if repeat else -(-examples // global_batch),
             "steps_per_epoch": probe.record["steps_per_epoch"], "epochs_run": probe.record["hooks"]["on_epoch_end"],
             "warnings": [m.split(";")[0] for m in log if "ran out of data" in m]}
@@ -210,8 +161,8 @@ def time_all_reduce(size: int | None = None, implementations: tuple[str, ...] = 
                     repeats: int = 10) -> list[dict[str, Any]]:
     """Time an all-reduce of ``size`` floats across the workers, once per collective implementation.
 
-    Uses this process's strategy (:func:`strategy`) and passes the implementation per call
-    (``ReplicaContext.all_reduce(..., options=CommunicationOptions(implementation=...))``), so
+    Uses this process's strategy (:func:`kit.train.strategies.build_strategy`) and passes the
+    implementation per call (``ReplicaContext.all_reduce(..., options=CommunicationOptions(implementation=...))``), so
     no second strategy is needed. ``size`` defaults to the parameter count of the kit's CNN: one
     step's gradients. The implementations take turns, ``repeats`` rounds after one warm-up call
     each, so that a slow spell of a shared machine hits them alike. Each result holds the
@@ -222,7 +173,7 @@ def time_all_reduce(size: int | None = None, implementations: tuple[str, ...] = 
     from . import models
     from .mirrored import captured_tf_log
 
-    dist = strategy()
+    dist = build_strategy("multi_worker_mirrored")
     if size is None:
         size = models.build_and_compile_cnn_model().count_params()
 
@@ -252,6 +203,6 @@ def time_all_reduce(size: int | None = None, implementations: tuple[str, ...] = 
             started = time.perf_counter()
             function().numpy()
             timings[name].append(time.perf_counter() - started)
-    return [{"task": os.environ.get("KIT_TASK", "local"), "communication": name, "size": size,
+    return [{"task": this_task(), "communication": name, "size": size,
              "median_ms": 1000 * statistics.median(timings[name]), "sum": sums[name], "log": logs[name]}
             for name in implementations]

@@ -15,9 +15,10 @@ import time
 from typing import Any
 
 from ._tf import import_tensorflow
+from ..core.tfconfig import PROGRESS_KEY
 
-#: The key of the kit's progress in ipyparallel's data messages.
-KEY = "kit_progress"
+#: The key of the kit's progress in ipyparallel's data messages (defined in the core, which reads it).
+KEY = PROGRESS_KEY
 #: At most this many publications per second from the callback (each is a message to the kernel;
 #: a step takes ~10-50 ms here, and the view redraws at most 4 times a second anyway).
 CALLBACK_PERIOD_SECONDS = 0.5
@@ -129,12 +130,24 @@ def summed_replicas(strategy, reduction: str = "auto") -> int:
     return 1
 
 
+def summed_replicas_of(model) -> int:
+    """:func:`summed_replicas` for a Keras ``model``: its strategy and ``distribute_reduction_method``.
+
+    Divide a per-batch ``logs["loss"]`` by it to get the loss the epoch logs average (the kit's one fix for
+    tf-keras summing per-batch logs; every callback here that reads per-batch losses uses it).
+    """
+    tf = import_tensorflow()
+    strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
+    return summed_replicas(strategy, getattr(model, "distribute_reduction_method", "auto"))
+
+
 def callback(batch_size: int | None = None, summed_over: int | None = None,
              period: float = CALLBACK_PERIOD_SECONDS):
     """A Keras callback for ``fit`` that feeds the notebook's live view and measures the run.
 
     It publishes epoch, step, loss and examples/s every ``period`` seconds and at each epoch's end
-    (a :class:`Meter`), and keeps ``step_loss`` (the loss after every step) and ``epoch_seconds``;
+    (a :class:`Meter`), and keeps ``step_loss`` (after every step, the epoch's running mean loss as Keras
+    logs it; :func:`kit.train.scaling.per_step_losses` gives each step's own) and ``epoch_seconds``;
     :meth:`summary` gives them with the steady-state examples/s. ``batch_size``: the examples one
     step trains, the global batch under a synchronous strategy (every task steps together).
 
@@ -154,8 +167,7 @@ def callback(batch_size: int | None = None, summed_over: int | None = None,
 
         def on_train_begin(self, logs: dict | None = None) -> None:
             if summed_over is None:
-                strategy = getattr(self.model, "distribute_strategy", None) or tf.distribute.get_strategy()
-                self._summed = summed_replicas(strategy, getattr(self.model, "distribute_reduction_method", "auto"))
+                self._summed = summed_replicas_of(self.model)
             self.meter.begin(self.params.get("epochs"), self.params.get("steps"))
 
         def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:

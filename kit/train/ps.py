@@ -1,8 +1,8 @@
 """ParameterServerStrategy on a kit cluster: servers on the workers and ps, the coordinator on the chief.
 
     with kit.TFCluster(chief=True, workers=2, ps=1) as cluster:
-        cluster.run(kit.train.ps.start_server, tasks=["worker:0", "worker:1", "ps:0"])
-        loop, = cluster.run(kit.train.ps.train_custom_loop, steps=40, tasks=["chief:0"])
+        cluster.with_options(tasks=["worker:0", "worker:1", "ps:0"]).run(kit.train.ps.start_server)
+        loop, = cluster.with_options(tasks=["chief:0"]).run(kit.train.ps.train_custom_loop, steps=40)
 
 Workers and parameter servers only serve: ``tf.distribute.Server`` starts serving when it is
 constructed, and :func:`start_server` keeps it in a module global, so the ``cluster.run`` call
@@ -19,12 +19,13 @@ import time
 from typing import Any, Callable
 
 from ._tf import import_tensorflow, keras_flavour
+from .strategies import build_strategy
+from ..core.files import save_figure
 from ..core.errors import KitError
+from ..core.tfconfig import this_task
 
 #: This process's ``tf.distribute.Server`` (workers and ps): a reference keeps it serving.
 _SERVER = None
-#: The chief's ParameterServerStrategy, created once per process.
-_STRATEGY = None
 
 
 def start_server(min_inter_op_threads: int = 2) -> dict[str, Any]:
@@ -41,7 +42,7 @@ def start_server(min_inter_op_threads: int = 2) -> dict[str, Any]:
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if resolver.task_type not in ("worker", "ps"):
         raise KitError(f"start_server runs on worker and ps tasks, not on {resolver.task_type}. "
-                       "Fix: cluster.run(start_server, tasks=[the worker and ps tasks])")
+                       "Fix: cluster.with_options(tasks=[the worker and ps tasks]).run(start_server)")
     if _SERVER is None:
         os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")  # as TF's guide sets it on every task
         inter_op = max(min_inter_op_threads, int(os.environ.get("TF_NUM_INTEROP_THREADS") or 0))
@@ -52,26 +53,6 @@ def start_server(min_inter_op_threads: int = 2) -> dict[str, Any]:
     return {"task": f"{resolver.task_type}:{resolver.task_id}", "target": _SERVER.target,
             "inter_op_threads": _SERVER.server_def.default_session_config.inter_op_parallelism_threads,
             "pid": os.getpid()}
-
-
-def make_strategy(max_shards: int = 2,
-                  min_shard_bytes: int = 256 << 10) -> "tf.distribute.ParameterServerStrategy":
-    """The chief's ``ParameterServerStrategy`` (created once per process) with a
-    ``MinSizePartitioner``: a variable is split into shards of at least ``min_shard_bytes``, at
-    most ``max_shards`` of them, placed round-robin on the parameter servers.
-    """
-    global _STRATEGY
-    if _STRATEGY is None:
-        tf = import_tensorflow()
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        if resolver.task_type != "chief":
-            raise KitError(f"the coordinator runs on the chief, not on {resolver.task_type}. "
-                           "Fix: cluster.run(..., tasks=['chief:0'])")
-        os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
-        partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
-            min_shard_bytes=min_shard_bytes, max_shards=max_shards)
-        _STRATEGY = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
-    return _STRATEGY
 
 
 def mnist_dataset_fn(global_batch_size: int, examples: int = 8192, seed: int = 42) -> Callable:
@@ -177,7 +158,7 @@ def train_custom_loop(steps: int = 40, per_worker_batch: int = 32, learning_rate
     tf = import_tensorflow()
     from .custom_loop import build_model
 
-    strategy = make_strategy(max_shards, min_shard_bytes)
+    strategy = build_strategy("parameter_server", max_shards=max_shards, min_shard_bytes=min_shard_bytes)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     tf.keras.utils.set_random_seed(seed)
     with strategy.scope():
@@ -202,7 +183,7 @@ def train_custom_loop(steps: int = 40, per_worker_batch: int = 32, learning_rate
         values = remote.fetch()
         records.append({k: float(v) if k in ("loss", "start", "end") else int(v)
                         for k, v in values.items()})
-    return {"task": os.environ.get("KIT_TASK", "local"), "keras": keras_flavour(),
+    return {"task": this_task(), "keras": keras_flavour(),
             "workers": strategy.extended._num_workers, "ps": strategy.extended._num_ps,
             "steps": records, "final_version": int(optimizer.iterations.numpy()),
             "variables": describe_variables(model), "schedule_seconds": schedule_seconds,
@@ -222,7 +203,7 @@ def train_fit(epochs: int = 2, steps_per_epoch: int | None = 20, per_worker_batc
     tf = import_tensorflow()
     from .custom_loop import build_model
 
-    strategy = make_strategy(max_shards, min_shard_bytes)
+    strategy = build_strategy("parameter_server", max_shards=max_shards, min_shard_bytes=min_shard_bytes)
     tf.keras.utils.set_random_seed(seed)
     with strategy.scope():
         model = build_model(learning_rate=learning_rate, l2=l2)
@@ -234,7 +215,7 @@ def train_fit(epochs: int = 2, steps_per_epoch: int | None = 20, per_worker_batc
         data = dataset_fn(tf.distribute.InputContext())
     started = time.perf_counter()
     history = model.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose)
-    return {"task": os.environ.get("KIT_TASK", "local"), "keras": keras_flavour(),
+    return {"task": this_task(), "keras": keras_flavour(),
             "epoch_loss": [float(v) for v in history.history["loss"]],
             "final_version": int(model.optimizer.iterations.numpy()),
             "variables": describe_variables(model),
@@ -270,8 +251,6 @@ def timeline(ps_steps: list[dict[str, Any]], mwms_runs: list[dict[str, Any]],
     bar is red. Bottom: MultiWorkerMirroredStrategy (``mwms_runs``, one
     :func:`kit.train.custom_loop.train_loop` result per worker).
     """
-    from pathlib import Path
-
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 4.5))
@@ -294,7 +273,4 @@ def timeline(ps_steps: list[dict[str, Any]], mwms_runs: list[dict[str, Any]],
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-    return fig
+    return save_figure(fig, path)

@@ -19,17 +19,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import multiworker, progress
+from . import progress
 from ._tf import import_tensorflow
+from .strategies import build_strategy
+from ..core.errors import KitError
+from ..core.tfconfig import this_task
 
 
 class Preempted(RuntimeError):
     """Raised on every worker after PreemptionCheckpointHandler saved for a preemption."""
-
-
-def task_name() -> str:
-    """This engine's task name (``KIT_TASK``), or ``local`` outside a kit cluster."""
-    return os.environ.get("KIT_TASK", "local")
 
 
 def chief_task() -> str:
@@ -43,7 +41,7 @@ class Journal:
     """Appends JSON lines to ``run_dir/journal/<task>.jsonl`` (one file per task: no shared writes)."""
 
     def __init__(self, run_dir: str | os.PathLike, task: str | None = None):
-        self.task = task or task_name()
+        self.task = task or this_task()
         self.path = Path(run_dir) / "journal" / f"{self.task.replace(':', '-')}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.attempt = sum(1 for r in self.read_own() if r["event"] == "start") + 1
@@ -152,7 +150,7 @@ def fire_once(run_dir: str | os.PathLike, name: str) -> bool:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return False
-    os.write(fd, f"{task_name()} {time.time()}\n".encode())
+    os.write(fd, f"{this_task()} {time.time()}\n".encode())
     os.close(fd)
     return True
 
@@ -175,7 +173,7 @@ def kill_at_step_callback(run_dir: str | os.PathLike, task: str, global_step: in
     class KillAtStep(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             step = int(self.model.optimizer.iterations.numpy())
-            if task_name() == task and step == global_step and fire_once(journal_dir, f"kill-{task}-{step}"):
+            if this_task() == task and step == global_step and fire_once(journal_dir, f"kill-{task}-{step}"):
                 if after_task is not None and after_task != task:
                     wait_for_step(journal_dir, after_task, step, timeout=timeout)
                 Journal(journal_dir).write("kill", global_step=step, signal=int(sig))
@@ -184,17 +182,22 @@ def kill_at_step_callback(run_dir: str | os.PathLike, task: str, global_step: in
     return KillAtStep()
 
 
-def journal_callback(journal: Journal, summed_over: int = 1):
-    """A Keras callback that journals every step (global step, loss) and epoch end."""
+def journal_callback(journal: Journal):
+    """A Keras callback that journals every step (global step, loss) and epoch end.
+
+    The step's loss is tf-keras's per-batch log divided by the replicas it summed over
+    (:func:`kit.train.progress.summed_replicas_of`), so it is on the epoch losses' scale.
+    """
     tf = import_tensorflow()
 
     class JournalCallback(tf.keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
+            self.summed = progress.summed_replicas_of(self.model)
             journal.write("start", initial_step=int(self.model.optimizer.iterations.numpy()))
 
         def on_train_batch_end(self, batch, logs=None):
             journal.write("step", global_step=int(self.model.optimizer.iterations.numpy()),
-                          loss=float(logs["loss"]) / summed_over)
+                          loss=float(logs["loss"]) / self.summed)
 
         def on_epoch_end(self, epoch, logs=None):
             journal.write("epoch_end", epoch=int(epoch), loss=float(logs["loss"]),
@@ -213,14 +216,14 @@ def train_resumable(run_dir: str, per_worker_batch: int = 64, epochs: int = 4, s
                     learning_rate: float = 0.001, seed: int = 42, verbose: int = 0) -> dict[str, Any]:
     """The seeds' example under MultiWorkerMirroredStrategy, resumable with ``BackupAndRestore``.
 
-    Call it again after a failure (``cluster.run(train_resumable, ..., max_failures=2)``): it
+    Call it again after a failure (``cluster.with_options(max_failures=2).run(train_resumable, ...)``): it
     resumes from the last backup in ``run_dir/backup`` (per epoch, or every ``save_freq`` steps).
     ``kill_task``/``kill_at_global_step`` inject one failure. Returns this attempt's history.
     """
     tf = import_tensorflow()
     from . import data, models
     tf.keras.utils.set_random_seed(seed)
-    strategy = multiworker.strategy()  # one per process (kit.train.multiworker.strategy says why)
+    strategy = build_strategy("multi_worker_mirrored")  # one per process (kit.train.strategies says why)
     workers = strategy.num_replicas_in_sync
     journal = Journal(run_dir)
     dataset = data.mnist_dataset(per_worker_batch * workers, shuffle_seed=seed)
@@ -228,15 +231,15 @@ def train_resumable(run_dir: str, per_worker_batch: int = 64, epochs: int = 4, s
         model = models.build_and_compile_cnn_model(learning_rate=learning_rate)
     callbacks = [
         tf.keras.callbacks.BackupAndRestore(backup_dir=str(Path(run_dir) / "backup"), save_freq=save_freq),
-        journal_callback(journal, summed_over=workers),
-        progress.callback(per_worker_batch * workers, summed_over=workers),  # the notebook's live view
+        journal_callback(journal),
+        progress.callback(per_worker_batch * workers),  # the notebook's live view
     ]
     if kill_task is not None and kill_at_global_step is not None:
         callbacks.append(kill_at_step_callback(run_dir, kill_task, kill_at_global_step, kill_signal,
                                                after_task=chief_task()))
     history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
                         callbacks=callbacks)
-    return {"task": task_name(), "attempt": journal.attempt, "epochs_run": list(history.epoch),
+    return {"task": this_task(), "attempt": journal.attempt, "epochs_run": list(history.epoch),
             "loss": [float(v) for v in history.history["loss"]],
             "global_step": int(model.optimizer.iterations.numpy())}
 
@@ -252,7 +255,9 @@ def remove_backup_dir(run_dir: str | os.PathLike) -> None:
         return
     left = [str(p.relative_to(backup)) for p in backup.rglob("*")]
     if left:
-        raise RuntimeError(f"{backup} still holds {left[:5]}: the run did not finish cleanly")
+        raise KitError(f"{backup} still holds {left[:5]}: the run did not finish cleanly",
+                       fix="finish the run (call the training function again: it resumes), or look at the files "
+                           "and remove the folder yourself")
     backup.rmdir()
 
 
@@ -274,7 +279,7 @@ def train_preemptible(run_dir: str, total_steps: int = 60, per_worker_batch: int
     tf = import_tensorflow()
     from . import data, models
     tf.keras.utils.set_random_seed(seed)
-    strategy = multiworker.strategy()  # one per process (kit.train.multiworker.strategy says why)
+    strategy = build_strategy("multi_worker_mirrored")  # one per process (kit.train.strategies says why)
     journal = Journal(run_dir)
     global_batch = per_worker_batch * strategy.num_replicas_in_sync
     with strategy.scope():
@@ -307,7 +312,7 @@ def train_preemptible(run_dir: str, total_steps: int = 60, per_worker_batch: int
     meter = progress.Meter(global_batch).begin(steps=total_steps)  # the notebook's live view
     while handler.total_run_calls < total_steps:
         step_number = int(handler.total_run_calls) + 1
-        if (preempt_task == task_name() and step_number == preempt_at_step
+        if (preempt_task == this_task() and step_number == preempt_at_step
                 and fire_once(run_dir, f"sigterm-{preempt_task}-{step_number}")):
             journal.write("kill", global_step=step_number - 1, signal=int(signals.SIGTERM))
             os.kill(os.getpid(), signals.SIGTERM)
@@ -315,7 +320,7 @@ def train_preemptible(run_dir: str, total_steps: int = 60, per_worker_batch: int
         journal.write("step", global_step=int(handler.total_run_calls), loss=float(loss))
         meter.step(None, int(handler.total_run_calls), float(loss), force=handler.total_run_calls == total_steps)
     journal.write("end", global_step=int(handler.total_run_calls))
-    return {"task": task_name(), "attempt": journal.attempt, "first_step": int(first),
+    return {"task": this_task(), "attempt": journal.attempt, "first_step": int(first),
             "global_step": int(handler.total_run_calls),
             "optimizer_iterations": int(optimizer.iterations.numpy())}
 
@@ -333,14 +338,14 @@ def train_parameter_server(run_dir: str, steps: int = 60, per_worker_batch: int 
     workers by the ``ClusterCoordinator`` — at least once, not exactly once: a function whose update
     reached the ps before its worker died runs again, so ``model_version`` can exceed ``scheduled`` by
     the one function each lost worker had in flight. A lost ps makes ``join`` raise, and the supervised run
-    (``cluster.run(..., max_failures=1, on_restart=start the servers)``) calls this again.
+    (``cluster.with_options(max_failures=1, on_restart=start_servers).run(...)``) calls this again.
     """
     tf = import_tensorflow()
     from .custom_loop import build_model
-    from .ps import make_step_fn, make_strategy, mnist_dataset_fn
+    from .ps import make_step_fn, mnist_dataset_fn
 
     journal = Journal(run_dir)
-    strategy = make_strategy()
+    strategy = build_strategy("parameter_server")
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     tf.keras.utils.set_random_seed(seed)
     with strategy.scope():
@@ -379,6 +384,6 @@ def train_parameter_server(run_dir: str, steps: int = 60, per_worker_batch: int 
                           worker=int(record["worker"]))
         manager.save(checkpoint_number=scheduled)
     journal.write("end", global_step=int(optimizer.iterations.numpy()))
-    return {"task": task_name(), "attempt": journal.attempt, "first_step": first,
+    return {"task": this_task(), "attempt": journal.attempt, "first_step": first,
             "scheduled": scheduled, "model_version": int(optimizer.iterations.numpy()),
             "steps_per_worker": {w: workers_seen.count(w) for w in sorted(set(workers_seen))}}

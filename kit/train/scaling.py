@@ -213,39 +213,3 @@ def scaling_efficiency(table, throughput: str = "examples_per_second", by: str =
     speed["speedup"] = speed["examples_per_second"] / speed[by].map(one)
     speed["efficiency"] = speed["speedup"] / speed["workers"]
     return pd.DataFrame(speed).sort_values([by, "workers"]).reset_index(drop=True)
-
-
-def run_trial(cluster, trial: Trial, *, eval_examples: int = 2000, seed: int = 42,
-              stream: bool = False) -> dict[str, Any]:
-    """Train one planned point on a started ``cluster``; return one results-table row.
-
-    The cluster must have ``trial.workers`` workers. One worker trains with the default strategy
-    (no distribution), several with MultiWorkerMirroredStrategy. The row holds the plan, the test
-    accuracy and loss, the final training loss (mean of the last eighth of the steps), the per-step
-    losses (``loss_curve``), examples/s (epochs after the first), and whether all workers agree.
-    """
-    from .fit import train_mnist
-
-    if len(cluster.task_names) != trial.workers:
-        raise OptionError("workers", f"the trial wants {trial.workers} worker(s), the cluster has "
-                          f"{len(cluster.task_names)} task(s)", "start a cluster with "
-                          f"kit.TFCluster(workers={trial.workers})")
-    strategy = "default" if trial.workers == 1 else "multi_worker_mirrored"
-    results = cluster.run(train_mnist, **trial.train_kwargs(), strategy=strategy, seed=seed, verbose=0,
-                          eval_examples=eval_examples, stream=stream)
-    first = results[0]
-    curve = per_step_losses(first["step_loss"], trial.steps_per_epoch)
-    tail = curve[-max(1, len(curve) // 8):]
-    final = sum(tail) / len(tail) if all(math.isfinite(v) for v in tail) else float("nan")
-    agree = all(len(r["loss"]) == len(first["loss"]) and all(map(_close, r["loss"], first["loss"]))
-                for r in results)
-    return {**trial.as_row(), "test_accuracy": first["test_accuracy"], "test_loss": first["test_loss"],
-            "final_loss": final, "examples_per_second": first["examples_per_second"],
-            "wall_seconds": max(r["wall_seconds"] for r in results), "workers_agree": agree,
-            "loss_curve": curve}
-
-
-def _close(a: float, b: float, rtol: float = 1e-5) -> bool:
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    return a == b or abs(a - b) <= rtol * max(abs(a), abs(b))

@@ -14,6 +14,9 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ._tf import import_tensorflow
+from ..core.errors import OptionError, first_line
+from ..core.files import save_figure
+from ..core.tfconfig import this_task
 
 #: tf.data's auto-shard policies, as accepted by :func:`with_policy`.
 POLICIES = ("AUTO", "FILE", "DATA", "OFF")
@@ -22,7 +25,8 @@ POLICIES = ("AUTO", "FILE", "DATA", "OFF")
 def block_ids(examples: int, num_files: int) -> list[list[int]]:
     """The ids each file holds: ``examples`` ids cut into ``num_files`` contiguous blocks."""
     if num_files < 1 or examples < num_files:
-        raise ValueError(f"cannot cut {examples} examples into {num_files} non-empty files")
+        raise OptionError("num_files", f"cannot cut {examples} examples into {num_files} non-empty files",
+                          f"give 1 <= num_files <= examples ({examples})")
     return [block.tolist() for block in np.array_split(np.arange(examples), num_files)]
 
 
@@ -88,7 +92,8 @@ def source_dataset(files: Sequence[str] | None = None, examples: int | None = No
     if files:
         return file_dataset(files)
     if examples is None:
-        raise ValueError("give files= (TFRecord files) or examples= (in-memory examples)")
+        raise OptionError("files", "neither files= nor examples= was given",
+                          "give files= (TFRecord files) or examples= (in-memory examples)")
     return memory_dataset(examples)
 
 
@@ -96,7 +101,7 @@ def with_policy(dataset, policy: str):
     """``dataset`` with ``tf.data.Options().experimental_distribute.auto_shard_policy`` set."""
     tf = import_tensorflow()
     if policy not in POLICIES:
-        raise ValueError(f"policy={policy!r} is unknown; use one of {', '.join(POLICIES)}")
+        raise OptionError("policy", f"{policy!r} is unknown", f"use one of {', '.join(POLICIES)}")
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, policy)
     return dataset.with_options(options)
@@ -128,7 +133,7 @@ def _workers(dist_strategy) -> int:
 
 
 def _task() -> dict[str, Any]:
-    return {"task": os.environ.get("KIT_TASK", "local")}
+    return {"task": this_task()}
 
 
 def observe(policy: str = "AUTO", *, files: Sequence[str] | None = None, examples: int | None = None,
@@ -137,16 +142,17 @@ def observe(policy: str = "AUTO", *, files: Sequence[str] | None = None, example
     """Run on every worker: which ids this worker gets from ``experimental_distribute_dataset``.
 
     The dataset (``files`` or ``examples``) is batched with the *global* batch and auto-sharded
-    with ``policy``, under this process's strategy (:func:`kit.train.multiworker.strategy`). Returns
+    with ``policy``, under this process's strategy (:func:`kit.train.strategies.build_strategy`). Returns
     ``task``, ``worker`` (task id), ``workers``, ``steps`` (ids per step), ``error`` (None, or
     the error this worker raised, as "Type: first line") and ``finished``. With ``wait_seconds``
     the iteration runs in a thread and is abandoned after that long (``finished`` False: the
     worker is blocked, e.g. in a collective whose peer failed; restart the cluster afterwards).
     """
     tf = import_tensorflow()
-    from .multiworker import call_with_deadline, error_text, strategy
+    from .multiworker import call_with_deadline
+    from .strategies import build_strategy
 
-    dist = strategy()
+    dist = build_strategy("multi_worker_mirrored")
     dataset = source_dataset(files, examples).map(lambda example: example["id"])
     if repeat:
         dataset = dataset.repeat()
@@ -161,7 +167,7 @@ def observe(policy: str = "AUTO", *, files: Sequence[str] | None = None, example
         try:
             result["steps"] = iterate()
         except (tf.errors.OpError, ValueError) as error:
-            result["error"] = error_text(error)
+            result["error"] = first_line(error)
     else:
         outcome = call_with_deadline(iterate, wait_seconds)
         result.update(steps=outcome["value"] or [], error=outcome["error"], finished=outcome["finished"])
@@ -177,9 +183,9 @@ def observe_manual(*, files: Sequence[str] | None = None, examples: int | None =
     dataset made this way. Returns what :func:`observe` returns, plus the ``InputContext`` the
     function was called with.
     """
-    from .multiworker import strategy
+    from .strategies import build_strategy
 
-    dist = strategy()
+    dist = build_strategy("multi_worker_mirrored")
     contexts: list[dict[str, int]] = []
 
     def dataset_fn(context):
@@ -259,7 +265,4 @@ def plot_ownership(rows: Mapping[str, Sequence[Iterable[int]]], examples: int,
                 Patch(facecolor="white", edgecolor="grey", label="nobody")]
     ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-    return fig
+    return save_figure(fig, path, bbox_inches="tight")  # the legend is outside the axes

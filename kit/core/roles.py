@@ -1,0 +1,142 @@
+"""Roles: how a TFCluster gives each engine its TF task, one way for every kind of engines.
+
+For each task, on the engine the :class:`kit.core.engines.Engines` object assigned it: check the engine
+(TensorFlow not imported yet, tf_keras there if asked for), pick a port on the engine's own host (or
+network namespace), listen on it there (a port taken meanwhile is picked again), check that every task
+reaches every other, then set the task's environment, TF_CONFIG included, before TensorFlow is imported,
+and check what the engine reports back. The functions run in the kernel; they call
+:mod:`kit.core._remote` on the engines.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import ipyparallel as ipp
+
+from . import _remote, tfconfig
+from .errors import ClusterError
+from .options import KERAS_CHOICES, TaskInfo
+
+#: How often a port taken since it was picked is picked again before start-up gives up.
+PORT_TRIES = 3
+
+
+def check_engines(reports: dict[str, dict], keras: str) -> None:
+    """Refuse engines whose TF_CONFIG could not take effect, or that lack the Keras asked for."""
+    used = [n for n, r in reports.items() if r["tensorflow_imported"]]
+    if used:
+        raise ClusterError(f"the engines of {', '.join(used)} imported TensorFlow before TF_CONFIG was set, "
+                           "so it cannot take effect. Fix: remove TensorFlow from the engines' start-up "
+                           "(a sitecustomize or startup file), or restart those engines", used)
+    if keras == "tf-keras":
+        lacking = [n for n, r in reports.items() if not r["has_tf_keras"]]
+        if lacking:
+            raise ClusterError(f"{', '.join(lacking)} has no tf_keras package, which keras='tf-keras' needs; "
+                               "pip install tf-keras (same minor version as tensorflow)", lacking)
+
+
+def pick_ports(client: ipp.Client, reports: dict[str, dict], host_of: Callable[[dict], str]) -> dict[str, int]:
+    """A free port for each training task, picked on its own engine, none twice on one host."""
+    ports: dict[str, int] = {}
+    taken: set[tuple[str, int]] = set()
+    for name, rep in reports.items():
+        if name.startswith("evaluator"):
+            continue  # the evaluator runs no server
+        host = host_of(rep)
+        port = client[rep["engine_id"]].apply_sync(_remote.free_port)
+        while (host, port) in taken:
+            port = client[rep["engine_id"]].apply_sync(_remote.free_port)
+        taken.add((host, port))
+        ports[name] = port
+    return ports
+
+
+def open_ports(client: ipp.Client, reports: dict[str, dict], ports: dict[str, int], hosts: dict[str, str],
+               log: logging.Logger) -> dict[str, int]:
+    """Listen on each task's port on its engine (the proof that it is free there, until
+    :func:`check_reachability` closes it); a port taken since it was picked is picked again."""
+    ports, pending = dict(ports), list(ports)
+    for _ in range(PORT_TRIES):
+        taken = [n for n in pending if not client[reports[n]["engine_id"]].apply_sync(_remote.open_probe, ports[n])]
+        if not taken:
+            return ports
+        log.warning("ports taken since they were picked: %s; picking new ones", taken)
+        used = {(hosts[n], p) for n, p in ports.items()}
+        for name in taken:
+            port = ports[name]
+            while (hosts[name], port) in used:
+                port = client[reports[name]["engine_id"]].apply_sync(_remote.free_port)
+            used.add((hosts[name], port))
+            ports[name] = port
+        pending = taken
+    _close_probes(client, reports)
+    raise ClusterError(f"could not find free ports for {', '.join(taken)} in {PORT_TRIES} tries", taken)
+
+
+def check_reachability(client: ipp.Client, reports: dict[str, dict], configs: dict[str, dict]) -> None:
+    """Every task connects to every training task's address (open: :func:`open_ports`); then close them."""
+    addresses = {n: address(configs[n]) for n in reports if address(configs[n])}
+    problems = []
+    try:
+        for name, rep in reports.items():
+            others = {n: a for n, a in addresses.items() if n != name}
+            for target, reason in client[rep["engine_id"]].apply_sync(_remote.probe, others).items():
+                problems.append((name, target, reason))
+    finally:
+        _close_probes(client, reports)
+    if problems:
+        lines = "; ".join(f"{src} cannot reach {dst} at {why}" for src, dst, why in problems)
+        raise ClusterError(f"{lines}. Fix: let the engines' hosts reach each other on these "
+                           "addresses (routes, firewall), or start the engines on hosts that can",
+                           sorted({p[0] for p in problems}))
+
+
+def set_environment(client: ipp.Client, name: str, report: dict, env: dict[str, str],
+                    config: dict) -> dict[str, Any]:
+    """Set task ``name``'s environment and TF_CONFIG on its engine; return the engine's new report, checked."""
+    now = client[report["engine_id"]].apply_sync(_remote.set_environment,
+                                                 {**env, "TF_CONFIG": tfconfig.dumps(config)})
+    if now["tf_config"] is None or tfconfig.loads(now["tf_config"]) != config:
+        raise ClusterError(f"{name} reports TF_CONFIG {now['tf_config']!r}, not the one it was "
+                           f"given ({tfconfig.dumps(config)})", [name])
+    if now["task"] != name:
+        raise ClusterError(f"the engine given {name} reports KIT_TASK={now['task']!r}", [name])
+    return {**report, **now, "engine_id": report["engine_id"]}
+
+
+def build_configs(names: list[str], ports: dict[str, int], hosts: dict[str, str]) -> dict[str, dict]:
+    """Each task's TF_CONFIG: the training tasks at ``hosts[name]:ports[name]``, the evaluator outside."""
+    cluster: dict[str, list[str]] = {}
+    for name in names:
+        if not name.startswith("evaluator"):
+            cluster.setdefault(tfconfig.parse_task(name)[0], []).append(f"{hosts[name]}:{ports[name]}")
+    strategy = "parameter_server" if "ps" in cluster else None
+    return {n: tfconfig.build(cluster, n, strategy=strategy) for n in names}
+
+
+def task_info(name: str, report: dict, config: dict, isolated: bool) -> TaskInfo:
+    """What the cluster tells about one task (``cluster.tasks``)."""
+    task, where = config["task"], address(config)
+    keras = {v: k for k, v in KERAS_CHOICES.items()}.get(report["legacy_keras"], "keras3")
+    port = where.rpartition(":")[2]
+    if not where:
+        listens_on = ""
+    elif isolated:
+        listens_on = f"[::]:{port} in the cluster's private network (loopback only)"
+    else:
+        listens_on = f"[::]:{port}, every interface of {report['hostname']} (reachable from the network)"
+    return TaskInfo(name=name, type=task["type"], index=task["index"], address=where,
+                    engine_id=report["engine_id"], pid=report["pid"], host=report["hostname"], keras=keras,
+                    listens_on=listens_on)
+
+
+def address(config: dict) -> str:
+    """The host:port of a TF_CONFIG's own task ("" for the evaluator, which runs no server)."""
+    task = config["task"]
+    return "" if task["type"] == "evaluator" else config["cluster"][task["type"]][task["index"]]
+
+
+def _close_probes(client: ipp.Client, reports: dict[str, dict]) -> None:
+    client[[r["engine_id"] for r in reports.values()]].apply_sync(_remote.close_probe)

@@ -1,0 +1,115 @@
+"""kit.core.errors: every error the kit raises says how to fix it; one first-line helper; one task name."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from kit.core import errors, files, tfconfig
+from kit.core.errors import (ClusterError, FailuresExhaustedError, GridError, KitError, OptionError, TFConfigError,
+                             WorkerError, first_line)
+
+
+def kit_error_classes() -> list[type[KitError]]:
+    return [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, KitError)]
+
+
+def test_every_kit_error_class_has_a_fix():
+    classes = kit_error_classes()
+    assert {KitError, TFConfigError, ClusterError, OptionError, WorkerError, FailuresExhaustedError,
+            GridError} <= set(classes)
+    for cls in classes:
+        assert isinstance(cls.fix, str) and cls.fix.strip(), cls
+        if cls is not KitError:
+            assert "fix" in vars(cls), f"{cls.__name__} inherits KitError's general fix instead of its own"
+
+
+def test_fix_given_ends_the_message_and_is_kept():
+    for error in (OptionError("steps", "-1 is negative", "give 1 or more"),
+                  TFConfigError("task.index", "index -1 is negative", "task indices start at 0"),
+                  GridError("lr", "is not a parameter", "add it to the parameters cell"),
+                  KitError("the run broke", fix="run it again"),
+                  ClusterError("no engines", ["worker:0"], fix="start them")):
+        assert str(error).endswith(f"Fix: {error.fix}") and error.fix != type(error).fix
+
+
+def test_fix_is_read_from_a_message_that_gives_one():
+    error = KitError("MNIST not found at /x. Fix: pass path= to an mnist.npz")
+    assert error.fix == "pass path= to an mnist.npz"
+    assert str(error) == "MNIST not found at /x. Fix: pass path= to an mnist.npz"
+
+
+def test_errors_without_their_own_fix_fall_back_to_the_class_advice():
+    assert ClusterError("boom", ["worker:0"]).fix == ClusterError.fix
+    # a task's own error may name a fix for the task's code; the WorkerError's fix is the class's
+    failed = WorkerError("worker:1", "KitError: bad. Fix: give n=2", "Traceback ...")
+    assert failed.fix == WorkerError.fix and failed.task == "worker:1"
+
+
+def test_failures_exhausted_ends_with_its_fix():
+    class Failure:
+        attempt, task, error = 1, "worker:0", "ValueError: x"
+
+    error = FailuresExhaustedError("train", [Failure(), Failure()])
+    assert str(error).endswith(f"Fix: {FailuresExhaustedError.fix}") and error.fix == FailuresExhaustedError.fix
+
+
+def test_first_line_drops_tensorflow_prefixes_and_frames():
+    class FakeOpError(Exception):
+        message = "{{function_node __wrapped__X}} Could not apply FILE based sharding\nmore"
+
+    assert first_line(FakeOpError()) == "FakeOpError: Could not apply FILE based sharding"
+    traced = AttributeError("in user code:\n\n    File \"x.py\", line 3\n\n    AttributeError: no read_value\n")
+    assert first_line(traced) == "AttributeError: no read_value"
+    assert first_line("one\ntwo") == "one" and first_line("") == ""
+    assert first_line(RuntimeError("x" * 50), 10) == "RuntimeError"[:9] + "…"
+
+
+def test_this_task_reads_kit_task_or_says_local(monkeypatch):
+    monkeypatch.delenv(tfconfig.TASK_VARIABLE, raising=False)
+    assert tfconfig.this_task() == "local"
+    monkeypatch.setenv(tfconfig.TASK_VARIABLE, "worker:1")
+    assert tfconfig.this_task() == "worker:1"
+
+
+def test_write_atomic_replaces_the_whole_file(tmp_path):
+    target = files.write_atomic(tmp_path / "sub" / "results.json", "first")
+    assert target.read_text() == "first"
+    files.write_atomic(target, "second")
+    assert target.read_text() == "second" and sorted(p.name for p in target.parent.iterdir()) == ["results.json"]
+
+
+def test_save_figure_creates_the_folder_or_saves_nothing(tmp_path):
+    class Figure:
+        saved: list = []
+
+        def savefig(self, path, **options):
+            self.saved.append((str(path), options))
+
+    fig = Figure()
+    assert files.save_figure(fig, None) is fig and fig.saved == []
+    files.save_figure(fig, tmp_path / "new" / "a.png", bbox_inches="tight")
+    assert (tmp_path / "new").is_dir()
+    assert fig.saved == [(str(tmp_path / "new" / "a.png"), {"dpi": files.FIGURE_DPI, "bbox_inches": "tight"})]
+
+
+@pytest.mark.parametrize("name", ["mirored", "ParameterServer", ""])
+def test_an_unknown_strategy_name_is_an_option_error(name):
+    from kit.train.strategies import STRATEGIES, build_strategy
+
+    with pytest.raises(OptionError) as refused:
+        build_strategy(name)
+    assert refused.value.field == "strategy" and all(s in refused.value.fix for s in STRATEGIES)
+
+
+def test_a_second_communication_in_one_process_is_refused(monkeypatch):
+    from kit.train import strategies
+
+    built = object()
+    monkeypatch.setattr(strategies, "_BUILT", {"multi_worker_mirrored": built})
+    monkeypatch.setattr(strategies, "_COMMUNICATION", {"multi_worker_mirrored": "RING"})
+    assert strategies.build_strategy("multi_worker_mirrored", communication="RING") is built
+    with pytest.raises(OptionError, match="already has a MultiWorkerMirroredStrategy") as refused:
+        strategies.build_strategy("multi_worker_mirrored", communication="AUTO")
+    assert "cluster.restart()" in refused.value.fix
