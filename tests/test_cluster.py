@@ -396,9 +396,10 @@ def test_a_killed_task_fails_the_run_then_restart_gives_fresh_engines(make_clust
     assert info.value.task == "worker:1" and "exited" in info.value.error
     assert cluster.state.phase is Phase.STALE and cluster.state.tasks == ("worker:1",) and cluster.started
     assert cluster.state.reason == "the cluster lost worker:1"
-    with pytest.raises(ClusterError, match="the cluster lost worker:1. Call cluster.restart") as stale:
+    with pytest.raises(ClusterError, match="the cluster lost worker:1. Fix: call cluster.restart") as stale:
         cluster.run(os.getpid)
     assert stale.value.tasks == ["worker:1"]
+    assert stale.value.fix == "call cluster.restart() for fresh engines"
     cluster.restart()
     assert cluster.state.phase is Phase.READY and cluster.state.reason == ""
     new = {t.name: t for t in cluster.tasks}

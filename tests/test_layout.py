@@ -105,3 +105,22 @@ def test_engine_side_validation_raises_the_kits_errors():
                     getattr(node.exc.func, "id", "") in ("ValueError", "TypeError", "RuntimeError"):
                 bare.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not bare
+
+
+def test_every_cluster_error_says_its_own_fix():
+    """A ClusterError or KitError raised in kit passes ``fix=`` or writes "Fix:" in its message, so ``.fix``
+    is specific. The start-up errors that quote an engine's log are the exception: their fix is the class's
+    ("read the engine log lines the message quotes, ...")."""
+    general = []
+    for path in KIT.rglob("*.py"):
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+                    and getattr(node.exc.func, "id", "") in ("ClusterError", "KitError")):
+                continue
+            call = ast.get_source_segment(source, node.exc)
+            if any(k.arg == "fix" for k in node.exc.keywords) or "Fix" in call or "_FIX" in call \
+                    or "log_tail(" in call:
+                continue
+            general.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not general

@@ -57,7 +57,7 @@ def set_environment(values: dict[str, str]) -> dict[str, Any]:
     """
     if "tensorflow" in sys.modules:
         raise ClusterError("TensorFlow is already imported on this engine, so a new TF_CONFIG "
-                           "would not take effect; start fresh engines (cluster.restart()).")
+                           "would not take effect", fix="start fresh engines (cluster.restart())")
     os.environ.update(values)
     if "MALLOC_ARENA_MAX" in values:
         limit_malloc_arenas(int(values["MALLOC_ARENA_MAX"]))
@@ -85,8 +85,8 @@ def limit_malloc_arenas(arenas: int) -> bool:
     if platform.libc_ver()[0] != "glibc":
         return False
     if ctypes.CDLL(None).mallopt(_M_ARENA_MAX, arenas) != 1:
-        raise ClusterError(f"mallopt(M_ARENA_MAX, {arenas}) failed on this engine; "
-                           "remove MALLOC_ARENA_MAX from env= or give a whole number >= 1")
+        raise ClusterError(f"mallopt(M_ARENA_MAX, {arenas}) failed on this engine",
+                           fix="remove MALLOC_ARENA_MAX from env= or give a whole number >= 1")
     MALLOC_ARENA_MAX, ARENAS_WHEN_LIMITED = arenas, malloc_arenas()
     return True
 

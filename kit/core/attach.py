@@ -75,8 +75,8 @@ class ForeignEngines(Engines):
 
     def replace(self, names: list[str], environments: dict[str, dict[str, str]]) -> dict[str, dict]:
         if not self.owned_sets:
-            raise ClusterError("these engines were started outside the kit, so it cannot give you "
-                               "fresh ones: restart them with your launcher, then create a new TFCluster")
+            raise ClusterError("these engines were started outside the kit, so it cannot give you fresh ones",
+                               fix="restart them with your launcher, then create a new TFCluster")
         self._stop_owned_sets()
         return self.start(names, environments)
 

@@ -158,8 +158,8 @@ class TFCluster:
     def start(self) -> "TFCluster":
         """Start (or find) one engine per task; return when every task has its role, checked."""
         if self.started:
-            raise ClusterError("this TFCluster is already started; stop() it first, or "
-                               "call restart() for fresh engines")
+            raise ClusterError("this TFCluster is already started",
+                               fix="stop() it first, or call restart() for fresh engines")
         _live_clusters.add(self)
         self._oom_kills = limits.oom_kills()
         self.state = State(Phase.STARTING)
@@ -315,14 +315,14 @@ class TFCluster:
     # ----- state ------------------------------------------------------------------------------
     def _require_started(self) -> None:
         if not self.started:
-            raise ClusterError("the cluster is not running; use `with TFCluster(...) as cluster:` "
-                               "or call cluster.start()")
+            raise ClusterError("the cluster is not running",
+                               fix="use `with TFCluster(...) as cluster:` or call cluster.start()")
 
     def _require_ready(self) -> None:
         self._require_started()
         if self.state.phase is Phase.STALE:
-            raise ClusterError(f"{self.state.reason}. Call cluster.restart() for fresh engines.",
-                               list(self.state.tasks))
+            raise ClusterError(self.state.reason, list(self.state.tasks),
+                               fix="call cluster.restart() for fresh engines")
 
     def _mark_stale(self, reason: str, tasks: list[str]) -> None:
         """The engines must be replaced before the next run, because ``reason``."""

@@ -132,8 +132,8 @@ class LocalEngines(Engines):
     def signal(self, name: str, engine_id: int, sig: int) -> None:
         launcher = self._launcher(name)
         if launcher is None:
-            raise ClusterError(f"{name} has no engine process on this machine (it was stopped); "
-                               "call cluster.restart() for fresh engines", [name])
+            raise ClusterError(f"{name} has no engine process on this machine (it was stopped)", [name],
+                               fix="call cluster.restart() for fresh engines")
         launcher.signal(sig)
 
     def alive(self, name: str) -> bool:

@@ -100,7 +100,7 @@ class HorovodCluster(TFCluster):
     @property
     def tf_configs(self) -> dict[str, dict]:
         raise ClusterError("a HorovodCluster's engines have no TF_CONFIG: Horovod ranks find each other "
-                           "through the rendezvous server; see cluster.horovod_env and cluster.ranks")
+                           "through the rendezvous server", fix="see cluster.horovod_env and cluster.ranks")
 
     def describe(self):
         """The ranks as a pandas DataFrame (for a notebook)."""

@@ -33,8 +33,8 @@ def check_engines(reports: dict[str, dict], keras: str) -> None:
     if keras == "tf-keras":
         lacking = [n for n, r in reports.items() if not r["has_tf_keras"]]
         if lacking:
-            raise ClusterError(f"{', '.join(lacking)} has no tf_keras package, which keras='tf-keras' needs; "
-                               "pip install tf-keras (same minor version as tensorflow)", lacking)
+            raise ClusterError(f"{', '.join(lacking)} has no tf_keras package, which keras='tf-keras' needs",
+                               lacking, fix="pip install tf-keras (same minor version as tensorflow)")
 
 
 def pick_ports(client: ipp.Client, reports: dict[str, dict], host_of: Callable[[dict], str]) -> dict[str, int]:
@@ -72,7 +72,9 @@ def open_ports(client: ipp.Client, reports: dict[str, dict], ports: dict[str, in
             ports[name] = port
         pending = taken
     _close_probes(client, reports)
-    raise ClusterError(f"could not find free ports for {', '.join(taken)} in {PORT_TRIES} tries", taken)
+    raise ClusterError(f"could not find free ports for {', '.join(taken)} in {PORT_TRIES} tries", taken,
+                       fix="something on those hosts is taking ports as fast as they are picked: stop it, "
+                           "or start the cluster again")
 
 
 def check_reachability(client: ipp.Client, reports: dict[str, dict], configs: dict[str, dict]) -> None:
@@ -100,9 +102,13 @@ def set_environment(client: ipp.Client, name: str, report: dict, env: dict[str, 
                                                  {**env, "TF_CONFIG": tfconfig.dumps(config)})
     if now["tf_config"] is None or tfconfig.loads(now["tf_config"]) != config:
         raise ClusterError(f"{name} reports TF_CONFIG {now['tf_config']!r}, not the one it was "
-                           f"given ({tfconfig.dumps(config)})", [name])
+                           f"given ({tfconfig.dumps(config)})", [name],
+                           fix="remove whatever sets TF_CONFIG in the engine's start-up (a profile, "
+                               "a sitecustomize), then start the cluster again")
     if now["task"] != name:
-        raise ClusterError(f"the engine given {name} reports KIT_TASK={now['task']!r}", [name])
+        raise ClusterError(f"the engine given {name} reports KIT_TASK={now['task']!r}", [name],
+                           fix="remove whatever sets KIT_TASK in the engine's start-up, then start the "
+                               "cluster again")
     return {**report, **now, "engine_id": report["engine_id"]}
 
 

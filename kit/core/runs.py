@@ -134,7 +134,7 @@ class Run:
         if gone:  # e.g. a signal ended an idle engine: say so, instead of ipyparallel's KeyError
             cluster._mark_stale(f"the cluster lost {', '.join(gone)}", gone)
             raise ClusterError(f"{', '.join(gone)}: the engine process is gone (it exited or was killed "
-                               f"before this run of {name}). Call cluster.restart() for fresh engines.", gone)
+                               f"before this run of {name})", gone, fix="call cluster.restart() for fresh engines")
         cluster._oom_kills = limits.oom_kills()
         client = cluster._engines.client
         engines = client[[cluster._records[n].info.engine_id for n in names]]
@@ -181,8 +181,9 @@ class Run:
                            "probably waiting in a collective (an all-reduce, a save) that the others never "
                            "joined" if finished else "")
                     raise ClusterError(f"run of {name} timed out after {timeout:g}s: {', '.join(running)} "
-                                       f"still running{why}. Call cluster.restart() before the next run "
-                                       "(a task stuck in a collective cannot be freed)", running)
+                                       f"still running{why}", running,
+                                       fix="call cluster.restart() before the next run (a task stuck in a "
+                                           "collective cannot be freed)")
         finally:
             if result.ready():
                 result.wait_for_output(timeout=5)  # iopub output may trail the reply a little
