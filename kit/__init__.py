@@ -24,12 +24,12 @@ from .core.errors import (ClusterError, ExposedPortsWarning, FailuresExhaustedEr
                           MemoryLimitWarning, OptionError, TFConfigError, WorkerError)
 
 __version__ = "0.1.0"
-__all__ = ["TFCluster", "HorovodCluster", "ClusterOptions", "RunOptions", "TaskInfo", "KitError", "TFConfigError",
+__all__ = ["TFCluster", "HorovodCluster", "ClusterOptions", "RunOptions", "TaskInfo", "Link", "KitError", "TFConfigError",
            "ClusterError", "OptionError", "WorkerError", "FailuresExhaustedError", "GridError",
            "ExposedPortsWarning", "MemoryLimitWarning", "core", "train", "tools"]
 
 _LAZY = {"TFCluster": "core.cluster", "HorovodCluster": "core.horovod", "ClusterOptions": "core.options",
-         "RunOptions": "core.options", "TaskInfo": "core.options"}
+         "RunOptions": "core.options", "TaskInfo": "core.options", "Link": "core.links"}
 _SUBPACKAGES = {"core", "train", "tools"}
 
 

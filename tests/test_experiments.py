@@ -97,10 +97,9 @@ def test_a_float_parameter_takes_ints_and_fixed_parameters_are_checked_too(tiny)
         experiments.validate_grid(tiny, {"x": [1]}, parameters={"nope": 1})
 
 
-def test_notebooks_without_results_path_or_parameters_cell_are_refused(tmp_path):
+def test_notebooks_without_a_parameters_cell_are_refused_and_without_results_path_accepted(tmp_path):
     no_results = write_notebook(tmp_path / "a.ipynb", parameters="x = 1\n")
-    with pytest.raises(KitError, match="does not define RESULTS_PATH. Fix: add `RESULTS_PATH = None`"):
-        experiments.validate_grid(no_results, {"x": [1]})
+    assert experiments.validate_grid(no_results, {"x": [1, 2]}) == [{"x": 1}, {"x": 2}]
     untagged = write_notebook(tmp_path / "b.ipynb", tagged=False)
     with pytest.raises(KitError, match="no cell tagged 'parameters'"):
         experiments.validate_grid(untagged, {"x": [1]})
@@ -196,11 +195,29 @@ def test_resume_skips_done_points_and_reruns_failed_and_changed_ones(tmp_path):
     assert fourth["reused"].tolist() == [False]
 
 
-def test_a_notebook_that_records_nothing_fails_its_point(tmp_path):
+@pytest.mark.slow  # papermill kernels
+def test_a_notebook_that_defines_results_path_but_records_nothing_fails_its_point(tmp_path):
     notebook = write_notebook(tmp_path / "silent.ipynb", body="y = x * 2\n")
     table = experiments.sweep(notebook, {"x": [1]}, tmp_path / "out", progress=False)
     assert table["status"].tolist() == ["failed"]
     assert "without recording metrics" in table["error"][0] and "kit.tools.experiments.record" in table["error"][0]
+    assert "remove RESULTS_PATH" in table["error"][0]
+
+
+@pytest.mark.slow  # papermill kernels
+def test_a_notebook_without_results_path_is_swept_rows_keep_parameters_status_and_time(tmp_path):
+    notebook = write_notebook(tmp_path / "plain.ipynb", parameters="x = 1\nmode = 'ok'\n",
+                              body="if mode == 'fail':\n    raise ValueError('on purpose')\ny = x * 2\n")
+    out = tmp_path / "out"
+    table = experiments.sweep(notebook, [{"x": 1, "mode": "ok"}, {"x": 2, "mode": "fail"}], out, progress=False)
+    assert table["x"].tolist() == [1, 2] and table["status"].tolist() == ["ok", "failed"]
+    assert (table["seconds"] > 0).all() and "on purpose" in table["error"][1]
+    assert {"x", "mode", "status", "seconds", "error", "notebook"} <= set(table.columns)
+    assert (out / "plain_mode-fail_x-2.ipynb").is_file()           # the failed point's partial notebook
+    executed = json.loads((out / "plain_mode-ok_x-1.ipynb").read_text())
+    assert "RESULTS_PATH" not in executed["metadata"]["papermill"]["parameters"]   # nothing injected
+    again = experiments.sweep(notebook, [{"x": 1, "mode": "ok"}, {"x": 2, "mode": "fail"}], out, progress=False)
+    assert again["reused"].tolist() == [True, False]                # resume: the done point is not run again
 
 
 @pytest.mark.parametrize("preset", ["small", "full"])

@@ -106,7 +106,7 @@ def test_package_data_carries_mnist_and_every_lesson_file_kit_notebooks_copies()
     assert setuptools["package-dir"]["kit.notebooks"] == "notebooks"
     assert data.BUNDLED_MNIST in package_data_files("kit.train.datasets", REPO / "kit" / "train" / "datasets")
     shipped = set()
-    for package in ("kit.notebooks", "kit.notebooks.figures", "kit.notebooks.trials"):
+    for package in ("kit.notebooks", "kit.notebooks.figures", "kit.notebooks.trials", "kit.notebooks.results"):
         assert package in setuptools["packages"]
         folder = REPO / "notebooks" / Path(*package.split(".")[2:])
         shipped |= {p.relative_to(REPO / "notebooks") for p in package_data_files(package, folder)}
@@ -117,8 +117,9 @@ def test_package_data_carries_mnist_and_every_lesson_file_kit_notebooks_copies()
     figures = {p.relative_to(REPO / "notebooks") for p in (REPO / "notebooks" / "figures").iterdir() if p.is_file()}
     trials = {p.relative_to(REPO / "notebooks") for p in (REPO / "notebooks" / "trials").glob("*.ipynb")}
     shown = {Path(m) for p in NOTEBOOKS for m in re.findall(r"\]\((figures/[^)\s]+)\)", p.read_text())}
-    needed = figures | trials | shown
-    assert len(shown) >= 10 and needed <= shipped, sorted(map(str, needed - shipped))
+    results = {p.relative_to(REPO / "notebooks") for p in (REPO / "notebooks" / "results").iterdir() if p.is_file()}
+    needed = figures | trials | shown | results
+    assert len(shown) >= 10 and len(results) >= 2 and needed <= shipped, sorted(map(str, needed - shipped))
 
 
 INSTALLED_CHECK = r"""

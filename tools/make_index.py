@@ -102,10 +102,13 @@ GLOSSARY = """
 | **evaluator** | a task outside the training cluster that evaluates checkpoints on the side (00) |
 | **replica** | one copy of the model that computes on its part of a batch; `strategy.num_replicas_in_sync` counts them (02) |
 | **device** | where a replica computes (`/CPU:0`, `/GPU:1`); one process can drive several devices (`MirroredStrategy`, 02), or one each (`MultiWorkerMirroredStrategy`, 01) |
-| **global batch** | the examples one synchronous step trains on across all replicas: per-replica batch × replicas (01, 08) |
-| **all-reduce** | the collective that sums (or averages) every replica's gradients and gives each replica the result; a ring passes 2(N−1)/N of the gradient bytes per replica (03, 08, 09) |
+| **global batch** | the examples one synchronous step trains on across all replicas: per-replica batch × replicas (01, 08, 10) |
+| **all-reduce** | the collective that sums (or averages) every replica's gradients and gives each replica the result; a ring passes 2(N−1)/N of the gradient bytes per replica (03, 08, 09, 10) |
 | **engine** | an ipyparallel process that runs the functions the notebook sends; the kit starts one per task and puts the task's `TF_CONFIG` in its environment (00) |
 | **strategy** | the `tf.distribute` object that places variables and runs each step on the replicas: `MirroredStrategy`, `MultiWorkerMirroredStrategy`, `ParameterServerStrategy` |
+| **critical batch size** | B_crit, the knee of steps-to-target against batch size: below it twice the batch takes about half the steps, far above it no fewer (10) |
+| **gradient noise scale** | the batch at which a gradient's noise equals its signal, tr(Σ)/‖G‖² (B_simple); measured from two batch sizes, e.g. a worker's own gradient and the all-reduced one (10) |
+| **gradient accumulation** | summing the gradients of several micro-batches before one update: the update of a batch as large as all of them, or of that many workers (10) |
 """
 
 

@@ -13,6 +13,7 @@
 - :mod:`.view`: the live view of a run.
 - :mod:`.limits`: memory and CPU limits (cgroups), out-of-memory reports.
 - :mod:`.horovod`: ``HorovodCluster``, horovodrun over the same engines.
+- :mod:`.links`: emulated links between hosts (``Link``; a namespace per task, veth, tc) and the ring model.
 - ``_lifeline``, ``_netns``, ``_remote``, ``_controller``: process supervision, the private network,
   and the small functions the cluster runs on its engines.
 """

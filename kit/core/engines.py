@@ -30,7 +30,8 @@ from typing import Any, Callable
 import ipyparallel as ipp
 import psutil
 
-from . import _lifeline, _netns, _remote
+from . import _lifeline, _netns, _remote, links
+from .links import LinkedNetwork
 from .errors import ClusterError
 from .options import ClusterOptions, engine_set_id
 
@@ -103,22 +104,27 @@ class LocalEngines(Engines):
         self.ipp: ipp.Cluster | None = None
         self.profile_dir: str | None = None
         self.network: _netns.PrivateNetwork | None = None
+        self.linked: LinkedNetwork | None = None  #: with options.link: one namespace per task (kit.core.links)
         self.retired_ids: set[int] = set()  # ids of engines already replaced: not ours any more
 
     @property
     def isolated(self) -> bool:
-        return self.network is not None
+        return self.network is not None or self.linked is not None
 
     def start(self, names: list[str], environments: dict[str, dict[str, str]]) -> dict[str, dict]:
         if self.ipp is None:
             self._start_controller()
         lifeline = ",".join([_lifeline.token(os.getpid()), _lifeline.token(self.ipp.controller.process.pid)])
-        network = self._private_network()
+        if self.options.link is not None:
+            networks = self._linked_network(names)
+        else:
+            shared = self._private_network()
+            networks = {name: shared for name in names}
         for name in names:
             self.ipp.start_engines_sync(
                 n=1,
                 engine_set_id=engine_set_id(name),
-                environment={**environments[name], _lifeline.LIFELINE_VAR: lifeline, **network},
+                environment={**environments[name], _lifeline.LIFELINE_VAR: lifeline, **networks[name]},
                 engine_cmd=[sys.executable, "-m", "kit.core._lifeline", "ipyparallel.engine"],
             )
         if self.client is None:
@@ -150,6 +156,8 @@ class LocalEngines(Engines):
         return f"\n--- last lines of {name}'s engine log ({path}) ---\n" + "\n".join(tail)
 
     def task_host(self, report: dict) -> str:
+        if self.linked is not None:  # each task at its own address, behind its own shaped link
+            return self.linked.addresses[report["task"]]
         return self.options.host
 
     def close(self) -> None:
@@ -167,6 +175,9 @@ class LocalEngines(Engines):
         if self.network is not None:
             self.network.stop()
             self.network = None
+        if self.linked is not None:
+            self.linked.stop()
+            self.linked = None
         if self.profile_dir is not None:
             shutil.rmtree(self.profile_dir, ignore_errors=True)
             self.profile_dir = None
@@ -212,6 +223,21 @@ class LocalEngines(Engines):
                 return {}
         self.exposed_because = ""
         return {_netns.NETNS_VAR: self.network.token}
+
+    def _linked_network(self, names: list[str]) -> dict[str, dict[str, str]]:
+        """Each task's environment entry that puts it in its own namespace behind a shaped link
+        (:mod:`kit.core.links`), made on the first start and kept for restarts."""
+        if self.linked is None or not self.linked.alive() or not set(names) <= set(self.linked.names):
+            if self.linked is not None:
+                self.linked.stop()
+            why = links.available(self.options.link)
+            if why:
+                raise ClusterError(f"link={str(self.options.link)!r} cannot be emulated here: {why}",
+                                   fix="run as root on Linux (with iproute2, and netem for a delay), or leave "
+                                       "link=None")
+            self.linked = LinkedNetwork(self.options.link, names, _lifeline.token(os.getpid()))
+        self.exposed_because = ""
+        return {name: {_netns.NETNS_VAR: self.linked.token(name)} for name in names}
 
     def _wait_for_reports(self, names: list[str]) -> dict[str, dict]:
         """Wait until every task's engine registered; return each one's report, by its KIT_TASK."""

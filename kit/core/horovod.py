@@ -145,7 +145,10 @@ class HorovodCluster(TFCluster):
             if found != HOROVOD_VERSION:
                 raise ClusterError(f"{name} has Horovod {found}, but the kit is built and tested with "
                                    f"{HOROVOD_VERSION}. {_BUILD_FIX}", [name])
-        plan = slot_plan([t.host for t in tasks])
+        # with emulated links each task is a host of its own (its own namespace and address): Horovod's
+        # local ranks share memory and a host name, which tasks behind separate links do not
+        hosts = [t.address.rpartition(":")[0] if self.options.link is not None else t.host for t in tasks]
+        plan = slot_plan(hosts)
         rank0 = tasks[0]
         # the address the other ranks reach rank 0 at: the one TensorFlow would have used for it
         # (options.host on this machine, the engine's own address for engines from elsewhere)

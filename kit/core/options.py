@@ -78,6 +78,11 @@ class ClusterOptions:
                                         "report its TF_CONFIG before giving up.")
     env: dict = _field(None, "Extra environment variables for every task, e.g. "
                              "{'TF_ENABLE_ONEDNN_OPTS': '0'}.")
+    link: Any = _field(None, "Emulate a network link between hosts (root only): each task in a network "
+                             "namespace of its own, joined through a bridge by a veth link shaped with tc, "
+                             "e.g. '100mbit', '1gbit 2ms' (a delay needs the kernel's netem) or "
+                             "kit.Link(100e6); None: the tasks share the cluster's loopback "
+                             "(kit.core.links, notebook 10).")
     engines: Any = _field(None, "Use engines from elsewhere instead of starting local ones: an "
                                 "ipyparallel.Cluster (its launcher starts one engine set per task, "
                                 "or its running engines are used), an ipyparallel.Client, or the "
@@ -124,6 +129,17 @@ class ClusterOptions:
                               "network, so they cannot be isolated by the kit",
                               "protect them with a private network, firewall rules or SSH tunnels "
                               "(README, Security), and leave isolation at 'auto'")
+        if self.link is not None:
+            from .links import Link
+
+            self.link = Link.parse(self.link)
+            if self.engines is not None:
+                raise OptionError("link", "emulated links are made on this machine, for the engines the kit "
+                                  "starts", "leave link=None with engines from elsewhere (their real network "
+                                  "is the link)")
+            if self.isolation == "none":
+                raise OptionError("link", "emulated links put every task in a network namespace of its own, "
+                                  "which isolation='none' refuses", "leave isolation at 'auto' or 'required'")
         self.env = {str(k): str(v) for k, v in (self.env or {}).items()}
         if self.engines is not None and not isinstance(self.engines, (ipp.Cluster, ipp.Client, str, os.PathLike)):
             raise OptionError("engines", f"{type(self.engines).__name__} is not a source of engines",

@@ -210,7 +210,7 @@ def median_of(repeats: int, fn: Callable[[], float]) -> tuple[float, list[float]
     return statistics.median(values), values
 
 
-SECTIONS = ("throughput", "ready", "recovery", "notebooks")
+SECTIONS = ("throughput", "ready", "recovery", "notebooks", "links")
 
 
 def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int = 2, steps: int = 30,
@@ -275,6 +275,10 @@ def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int
         counter = iter(range(repeats))
         report["recovery_s"], report["recovery_samples"] = median_of(repeats, lambda: recovery_time(next(counter)))
         log(f"recovery: {report['recovery_s']:.1f}s")
+        save(report)
+    if "links" in sections:  # emulated links between hosts (root only): kit.tools.link_bench
+        from .link_bench import section
+        section(report, log)
         save(report)
     if notebooks and "notebooks" in sections:
         from .cli import notebooks_dir
@@ -358,11 +362,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS, metavar="VARIANT",
                         help=f"what the throughput section measures (default all: {', '.join(VARIANTS)})")
     parser.add_argument("--out", default="out/bench", help="folder for bench.json (default out/bench)")
+    parser.add_argument("--links-csv", default=None, metavar="FILE",
+                        help="also write the links section's table there as CSV (with --only links: "
+                             "OUT/links.csv by default; notebook 10 reads notebooks/results/links.csv)")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.only == ["links"] and args.links_csv is None:
+        args.links_csv = str(out / "links.csv")
 
     def save(report: dict) -> None:
         write_atomic(out / "bench.json", json.dumps(report, indent=1, default=str))  # saved after each section
@@ -371,6 +380,8 @@ def run_from_args(args: argparse.Namespace) -> int:
                  notebooks=args.notebooks, save=save, sections=tuple(args.only),
                  variants=tuple(args.variants))
     save(report)
+    if report.get("links") and args.links_csv:
+        __import__("kit.tools.link_bench", fromlist=["save_csv"]).save_csv(report["links"], args.links_csv)
     print(format_report(report))
     print(f"\nwritten: {out / 'bench.json'}")
     return 0

@@ -16,8 +16,10 @@ from ..core.errors import KitError, TFConfigError
 from ..core.view import text_in_kernels_started_here
 
 DEMO_NOTEBOOK = "01-single-vs-multi-worker.ipynb"
-#: What ``kit notebooks DIR`` copies: the lessons, their index, their figures, the sweep's trial notebook.
-NOTEBOOK_FILES = ("[0-9][0-9]-*.ipynb", "README.md", "figures/*.svg", "trials/*.ipynb")
+#: What ``kit notebooks DIR`` copies: the lessons, their index, their figures, the sweeps' trial notebooks, and the
+#: committed results notebook 10 reads.
+NOTEBOOK_FILES = ("[0-9][0-9]-*.ipynb", "README.md", "figures/*.svg", "trials/*.ipynb", "results/*.csv",
+                  "results/*.json")
 
 
 def notebooks_dir() -> Path:
@@ -241,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the notebook.",
                        epilog="example: kit sweep notebooks/trials/scaling-trial.ipynb -p workers 1 2 "
                               "-p per_worker_batch 64 256 -p lr_rule none linear sqrt --out out/scaling")
-    p.add_argument("notebook", help="the notebook to run; its parameters cell must define RESULTS_PATH")
+    p.add_argument("notebook", help="the notebook to run; with RESULTS_PATH in its parameters cell it records "
+                                    "metrics, without it each row has the parameters, status and wall time")
     p.add_argument("-p", "--param", action="append", nargs="+", metavar="NAME VALUE",
                    help="a grid axis: a parameter of the notebook and one or more values (repeatable)")
     p.add_argument("--set", action="append", nargs=2, metavar=("NAME", "VALUE"),

@@ -11,7 +11,8 @@ Every executed notebook is kept under ``out_dir`` with a name built from its par
     kit.tools.experiments.record(RESULTS_PATH, accuracy=0.97, examples_per_second=1800.0)
 
 where ``RESULTS_PATH`` is a parameter (default ``None``) that the sweep sets to a JSON file next to
-the executed notebook. The sweep gathers parameters + metrics into ``results.csv`` and
+the executed notebook. A notebook without ``RESULTS_PATH`` is swept too: its rows hold the point's
+parameters, ``status`` and ``seconds`` (wall time). The sweep gathers parameters + metrics into ``results.csv`` and
 ``results.json`` in ``out_dir`` (:func:`load_results` reads them back as a pandas DataFrame). A run
 that fails becomes a row with its error, its partial notebook is kept (papermill saves it with the
 error at the top), and the sweep goes on. With ``resume=True`` a point whose metrics file exists,
@@ -145,8 +146,9 @@ def validate_grid(notebook: str | os.PathLike, grid: Mapping[str, Any] | Sequenc
                   parameters: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Check ``grid`` (and fixed ``parameters``) against the notebook's parameters cell; return the points.
 
-    Every name must be a parameter of the notebook (``papermill.inspect_notebook``), each value of the
-    type of the notebook's default, and the notebook must define ``RESULTS_PATH``.
+    Every name must be a parameter of the notebook (``papermill.inspect_notebook``), and each value of the
+    type of the notebook's default. ``RESULTS_PATH`` is optional: a notebook without it records nothing,
+    and its rows keep the parameters, the status and the wall time.
     """
     import papermill
 
@@ -159,10 +161,6 @@ def validate_grid(notebook: str | os.PathLike, grid: Mapping[str, Any] | Sequenc
     if not defined:
         raise KitError(f"{path.name} has no cell tagged 'parameters'. Fix: tag the cell that holds its "
                        "tunables with 'parameters' (papermill injects the grid's values after it)")
-    if RESULTS_PARAMETER not in defined:
-        raise KitError(f"{path.name}'s parameters cell does not define {RESULTS_PARAMETER}. Fix: add "
-                       f"`{RESULTS_PARAMETER} = None` to it and end the notebook with "
-                       f"`kit.tools.experiments.record({RESULTS_PARAMETER}, metric=value, ...)`")
     both = sorted(set(points[0]) & set(fixed))
     if both:
         raise GridError(both[0], "is both a grid axis and a fixed parameter",
@@ -263,6 +261,7 @@ def sweep(notebook: str | os.PathLike, grid: Mapping[str, Any] | Sequence[Mappin
     source = Path(notebook).resolve()
     fixed = dict(parameters or {})
     points = validate_grid(source, grid, fixed)
+    records = RESULTS_PARAMETER in papermill.inspect_notebook(str(source))  # else: parameters, status, time
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     workdir = str(Path(cwd).resolve()) if cwd is not None else str(source.parent)
@@ -287,7 +286,7 @@ def sweep(notebook: str | os.PathLike, grid: Mapping[str, Any] | Sequence[Mappin
                 with text_in_kernels_started_here():
                     papermill.execute_notebook(
                         str(source), str(output),
-                        parameters={**run_parameters, RESULTS_PARAMETER: str(metrics_file)},
+                        parameters={**run_parameters, **({RESULTS_PARAMETER: str(metrics_file)} if records else {})},
                         cwd=workdir, kernel_name=kernel_name, progress_bar=False, log_output=log_output,
                         **engine_kwargs)
             except papermill.PapermillExecutionError as e:
@@ -296,8 +295,13 @@ def sweep(notebook: str | os.PathLike, grid: Mapping[str, Any] | Sequence[Mappin
                 error = f"{type(e).__name__}: {e}"
             seconds = time.perf_counter() - started
             if error is None and not metrics_file.is_file():
-                error = (f"the notebook finished without recording metrics: call "
-                         f"kit.tools.experiments.record({RESULTS_PARAMETER}, ...) in it")
+                if records:  # it defines RESULTS_PATH, so it promised metrics: say that none came
+                    error = (f"the notebook finished without recording metrics: call "
+                             f"kit.tools.experiments.record({RESULTS_PARAMETER}, ...) in it, or remove "
+                             f"{RESULTS_PARAMETER} from its parameters cell to sweep it without metrics")
+                else:  # nothing to record: an empty metrics file marks the point done, for resume
+                    from . import results
+                    results.save_results(metrics_file, {"metrics": {}})
             if error is None:
                 rows.append(_row(run_parameters, output, "ok", _read_metrics(metrics_file), seconds))
             else:

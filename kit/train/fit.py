@@ -26,7 +26,7 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
                 learning_rate: float = 0.001, strategy: str = "multi_worker_mirrored",
                 seed: int = 42, verbose: int = 2, *, warmup_steps: int = 0, warmup_from: float = 0.0,
                 eval_examples: int = 0, gradient_compression: str = "none",
-                steps_per_execution: int = 1) -> dict[str, Any]:
+                steps_per_execution: int = 1, architecture: str = "dense") -> dict[str, Any]:
     """The seeds' example on this task: build the CNN in ``strategy.scope()`` and ``fit`` MNIST.
 
     The global batch is ``per_worker_batch × workers``. Returns the task's view of the run: losses
@@ -39,7 +39,8 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
 
     Speed (kit.tools.bench, docs/performance.md): ``gradient_compression="fp16"`` sums gradients across
     workers in float16; ``steps_per_execution=k`` runs k steps per call into TensorFlow, and then
-    ``step_loss`` has one entry per k steps.
+    ``step_loss`` has one entry per k steps. ``architecture="pooled"``: the CNN with few parameters
+    (:data:`kit.train.models.ARCHITECTURES`).
     """
     tf = import_tensorflow()
     from . import data, models
@@ -55,7 +56,8 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
     with dist.scope():
         model = models.build_and_compile_cnn_model(learning_rate=rate,
                                                    gradient_compression=gradient_compression,
-                                                   steps_per_execution=steps_per_execution)
+                                                   steps_per_execution=steps_per_execution,
+                                                   architecture=architecture)
     measured = progress.callback(global_batch)  # live view, loss per step, epoch times
     history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
                         callbacks=[measured])
@@ -70,6 +72,7 @@ def train_mnist(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: in
         "strategy": strategy,
         "workers": workers,
         "global_batch": global_batch,
+        "parameters": int(model.count_params()),
         "loss": [float(v) for v in history.history["loss"]],
         "accuracy": [float(v) for v in history.history["accuracy"]],
         **measured.summary(),
