@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit quick notebooks binder lab bench faults compat horovod clean chromium
+.PHONY: demo test unit quick notebooks binder lab bench faults compat horovod clean chromium netns-tools
 
 LAB_STAMP := $(VENV)/.installed-lab
 
@@ -41,7 +41,16 @@ demo: $(STAMP)  ## train the seeds' MNIST example on 1 and on 2 workers; writes 
 
 test: unit notebooks  ## unit tests, then every notebook under nbval
 
-unit: $(STAMP) chromium
+# `ip`, `tc` (iproute2) and `nsenter` (util-linux) for the private network and the emulated links
+# (tests/test_links.py, notebook 10): installed with apt-get as root when `tc` is missing.
+netns-tools:
+	@if ! command -v tc >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "apt-get install iproute2 (for the emulated links)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }; \
+	fi
+
+unit: $(STAMP) chromium netns-tools
 	$(BIN)/python -m pytest tests
 
 # the fast loop while editing: the tests not marked slow (none starts a cluster or another process that
@@ -62,7 +71,7 @@ NBVAL := $(BIN)/python -m pytest --nbval-lax --nbval-current-env --nbval-cell-ti
 	--ignore=notebooks/out --ignore=notebooks/00-tf-config-and-clusters.ipynb \
 	--ignore=notebooks/01-single-vs-multi-worker.ipynb --ignore=notebooks/05-fault-tolerance.ipynb
 IN_BINDER := KIT_VIEW=text $(BIN)/python tools/binder_cgroup.py --if-possible
-notebooks: $(STAMP)
+notebooks: $(STAMP) netns-tools
 	rm -f out/binder-fit-*.json out/binder-fit-*.xml
 	$(IN_BINDER) --cpus none --record out/binder-fit-2gib.json -- \
 	  $(NBVAL) $(addprefix --ignore=,$(BINDER_ONE_CPU)) --junitxml=out/binder-fit-2gib.xml notebooks/; a=$$?; \

@@ -31,7 +31,6 @@ import ipyparallel as ipp
 import psutil
 
 from . import _lifeline, _netns, _remote, links
-from .links import LinkedNetwork
 from .errors import ClusterError
 from .options import ClusterOptions, engine_set_id
 
@@ -104,7 +103,7 @@ class LocalEngines(Engines):
         self.ipp: ipp.Cluster | None = None
         self.profile_dir: str | None = None
         self.network: _netns.PrivateNetwork | None = None
-        self.linked: LinkedNetwork | None = None  #: with options.link: one namespace per task (kit.core.links)
+        self.linked: links.LinkedNetwork | None = None  #: with options.link: one namespace per task (kit.core.links)
         self.retired_ids: set[int] = set()  # ids of engines already replaced: not ours any more
 
     @property
@@ -235,7 +234,7 @@ class LocalEngines(Engines):
                 raise ClusterError(f"link={str(self.options.link)!r} cannot be emulated here: {why}",
                                    fix="run as root on Linux (with iproute2, and netem for a delay), or leave "
                                        "link=None")
-            self.linked = LinkedNetwork(self.options.link, names, _lifeline.token(os.getpid()))
+            self.linked = links.LinkedNetwork(self.options.link, names, _lifeline.token(os.getpid()))
         self.exposed_because = ""
         return {name: {_netns.NETNS_VAR: self.linked.token(name)} for name in names}
 

@@ -17,10 +17,11 @@ holds the larger of two of the largest packets and one timer tick (1 ms) of the 
 to 8 KiB (``gso_max_size``, :func:`gso_bytes`), so that the bucket stays small; from 1 Gbit/s on it keeps
 the default 64 KiB, because smaller packets cost the host more per byte (measured: the 11 MB all-reduce at
 10 Gbit/s took 73 ms with 8 KiB packets, 41 ms with 64 KiB). The model counts that burst
-(:func:`ring_all_reduce_seconds`'s ``burst_bytes``): a message smaller than the bucket is not slowed at all.
-The queue holds up to :data:`QUEUE_LATENCY` of traffic, so that a gradient's burst is delayed, not dropped. A delay needs ``netem``, which some kernels lack (it is a module,
-sch_netem, and e.g. CONFIG_NET_SCH_NETEM is not set on the machine the kit is tested on): a link asking for a
-delay there is refused when the cluster starts, saying so. Each namespace also sets
+(:func:`ring_all_reduce_seconds`'s ``burst``): a message smaller than the bucket is not slowed at all.
+The queue holds up to :data:`QUEUE_LATENCY` of traffic, so that a gradient's burst is delayed, not dropped.
+A delay needs ``netem``, which some kernels lack (it is a module, sch_netem, and e.g. CONFIG_NET_SCH_NETEM
+is not set on the machine the kit is tested on): a link asking for a delay there is refused when the
+cluster starts, saying so. Each namespace also sets
 ``net.ipv4.tcp_slow_start_after_idle=0``: gRPC keeps its connections between steps, and Linux would
 otherwise restart TCP's slow start after every idle pause, i.e. at every step.
 
@@ -153,6 +154,7 @@ class LinkedNetwork:
         self.names = list(names)
         self.addresses = {name: f"{SUBNET}.{i + 1}" for i, name in enumerate(self.names)}
         self.holders: dict[str, _netns.PrivateNetwork] = {}
+        self.switch: _netns.PrivateNetwork | None = None
         try:
             self.switch = _netns.PrivateNetwork.start(lifeline)
             for name in self.names:
@@ -175,7 +177,8 @@ class LinkedNetwork:
             _in(task, "ip", "addr", "add", f"{self.addresses[name]}/24", "dev", "eth0")
             _in(task, "ip", "link", "set", "eth0", "gso_max_size", str(gso_bytes(self.link.bandwidth_bps)))
             _in(task, "ip", "link", "set", "eth0", "up")
-            _in(task, "sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0")
+            # /proc/sys/net shows the namespace of the writer (no procps needed for sysctl)
+            _in(task, "sh", "-c", "echo 0 > /proc/sys/net/ipv4/tcp_slow_start_after_idle")
             _in(switch, "ip", "link", "set", port, "gso_max_size", str(gso_bytes(self.link.bandwidth_bps)))
             _in(switch, "ip", "link", "set", port, "master", "br0")
             _in(switch, "ip", "link", "set", port, "up")
@@ -193,10 +196,11 @@ class LinkedNetwork:
         return self.holders[name].token
 
     def alive(self) -> bool:
-        return self.switch.alive() and all(h.alive() for h in self.holders.values())
+        return self.switch is not None and self.switch.alive() and all(h.alive() for h in self.holders.values())
 
     def stop(self) -> None:
         """End every holder; each namespace, with its veth, goes when its last process has exited."""
-        for holder in [*self.holders.values(), *([self.switch] if hasattr(self, "switch") else [])]:
-            holder.stop()
-        self.holders = {}
+        for holder in [*self.holders.values(), self.switch]:
+            if holder is not None:
+                holder.stop()
+        self.holders, self.switch = {}, None

@@ -381,7 +381,9 @@ def run_from_args(args: argparse.Namespace) -> int:
                  variants=tuple(args.variants))
     save(report)
     if report.get("links") and args.links_csv:
-        __import__("kit.tools.link_bench", fromlist=["save_csv"]).save_csv(report["links"], args.links_csv)
+        from .link_bench import save_csv
+        save_csv(report["links"], args.links_csv)
+        print(f"links table: {args.links_csv}")
     print(format_report(report))
     print(f"\nwritten: {out / 'bench.json'}")
     return 0

@@ -16,12 +16,15 @@ from __future__ import annotations
 import statistics
 from typing import Any, Callable
 
+from ..core.errors import KitError
+from ..train.links import DTYPES
+
 BANDWIDTHS = ("100mbit", "1gbit", "10gbit")
 #: parameters of each architecture (kit.train.models), checked against the workers' count at run time
 PARAMETERS = {"dense": 2_770_634, "pooled": 11_850}
-DTYPES = ("float32", "float16")
-COLUMNS = ["strategy", "model", "parameters", "dtype", "link", "bandwidth_bps", "workers", "bytes",
-           "all_reduce_s", "all_reduce_median_s", "host_s", "model_link_only_s", "model_s", "ratio", "examples_per_second", "efficiency"]
+COLUMNS = ["strategy", "model", "parameters", "dtype", "link", "bandwidth_bps", "workers", "bytes", "all_reduce_s",
+           "all_reduce_median_s", "host_s", "model_link_only_s", "model_s", "ratio", "examples_per_second",
+           "efficiency"]
 
 
 def _timings(link: str | None, repeats: int) -> dict[tuple[str, str], dict[str, Any]]:
@@ -34,7 +37,8 @@ def _timings(link: str | None, repeats: int) -> dict[tuple[str, str], dict[str, 
             for dtype in DTYPES:
                 rows = cluster.with_options(stream=False).run(time_all_reduce, floats, dtype=dtype, repeats=repeats)
                 if any(r["sum"] != 3.0 for r in rows):
-                    raise AssertionError(f"the all-reduce of 1 + 2 gave {[r['sum'] for r in rows]}")
+                    raise KitError(f"the all-reduce of 1 + 2 gave {[r['sum'] for r in rows]}",
+                                   fix="the collective is broken on these workers: run tests/test_links.py")
                 # the fastest call: the least disturbed by whatever else the 2 cores run
                 out[model, dtype] = {"bytes": rows[0]["bytes"], "seconds": max(min(r["seconds"]) for r in rows),
                                      "median": max(statistics.median(r["seconds"]) for r in rows)}
@@ -51,7 +55,8 @@ def _speed(workers: int, link: str | None, model: str, dtype: str, batch: int, s
             train_mnist, per_worker_batch=batch, epochs=2, steps_per_epoch=steps, strategy=strategy, verbose=0,
             architecture=model, gradient_compression="fp16" if dtype == "float16" else "none")
     if rows[0]["parameters"] != PARAMETERS[model]:
-        raise AssertionError(f"{model} has {rows[0]['parameters']} parameters, not {PARAMETERS[model]}")
+        raise KitError(f"{model} has {rows[0]['parameters']} parameters, not {PARAMETERS[model]}",
+                       fix="update link_bench.PARAMETERS to kit.train.models' architectures")
     return rows[0]
 
 
@@ -117,4 +122,3 @@ def save_csv(rows: list[dict[str, Any]], path) -> None:
     from ..core.files import write_atomic
 
     write_atomic(path, pd.DataFrame(rows, columns=COLUMNS).to_csv(index=False))
-    print(f"links table: {path}")

@@ -35,6 +35,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.errors import KitError, OptionError
+from .data import TRAIN_EXAMPLES
 
 #: Test accuracy each run trains to.
 TARGET = 0.97
@@ -126,7 +127,7 @@ class BatchStream:
     """The training examples' indices, batch after batch: a new permutation of the 60,000 every epoch
     (``drop_remainder``), from ``seed`` and the epoch number, so every process builds the same stream."""
 
-    def __init__(self, batch: int, seed: int, examples: int = 60_000):
+    def __init__(self, batch: int, seed: int, examples: int = TRAIN_EXAMPLES):
         if not (isinstance(batch, int) and 0 < batch <= examples):
             raise OptionError("batch", f"{batch!r} is not a whole number in 1..{examples}", "e.g. batch=256")
         self.batch, self.seed, self.examples = batch, seed, examples

@@ -17,7 +17,7 @@ import numpy as np
 from .batch_size import EVAL_GROWTH, TARGET, BatchStream, _loss, _sgd_steps, _tensorflow, accuracy, init_mlp
 
 
-def _mwms_step(strategy, weights, per_worker_batch: int, measure: bool):
+def _mwms_step(strategy, weights, measure: bool):
     """One MultiWorkerMirroredStrategy SGD step on local variables, as the strategy does it: each worker's
     gradient of its own examples, all-reduced (mean), applied by every worker alike. With ``measure`` it also
     returns, averaged over the workers: |g_local|², |g_mean|², and the same two norms weighted by the Hessian
@@ -57,7 +57,7 @@ def _mwms_step(strategy, weights, per_worker_batch: int, measure: bool):
 def noise_scale_run(per_worker_batch: int = 32, learning_rate: float = 0.8, *, target: float = TARGET,
                     max_steps: int = 6000, seed: int = 0) -> dict[str, Any]:
     """Train the MLP under MultiWorkerMirroredStrategy (call on every worker) until ``target``, recording
-    each step's squared gradient norms for the noise scale (:func:`noise_scale`).
+    each step's squared gradient norms for the noise scale (:func:`kit.train.batch_size.noise_scale`).
 
     Worker i takes rows i·b … (i+1)·b − 1 of each global batch of N·b (the same global stream on every
     worker: :class:`BatchStream`), and an independent local batch for the Hessian. Returns per-step lists
@@ -73,7 +73,7 @@ def noise_scale_run(per_worker_batch: int = 32, learning_rate: float = 0.8, *, t
     stream = BatchStream(per_worker_batch * workers, seed)
     hessian_stream = BatchStream(per_worker_batch * workers, seed + 1)
     weights = init_mlp(seed)
-    step_fn = _mwms_step(strategy, weights, per_worker_batch, measure=True)
+    step_fn = _mwms_step(strategy, weights, measure=True)
     lo, hi = me * per_worker_batch, (me + 1) * per_worker_batch
     records, curve, step, next_eval, reached = [], [], 0, 1, False
     started = time.perf_counter()
@@ -113,7 +113,7 @@ def accumulation_vs_workers(per_worker_batch: int = 64, steps: int = 5, learning
     stream = BatchStream(global_batch, seed)
     rows = stream.rows(0, steps)
     real = init_mlp(seed)
-    step_fn = _mwms_step(strategy, real, per_worker_batch, measure=False)
+    step_fn = _mwms_step(strategy, real, measure=False)
     for n in range(steps):
         step_fn(tf.constant(rows[n, me * per_worker_batch:(me + 1) * per_worker_batch]),
                 tf.constant(rows[n]), tf.constant(float(learning_rate)))
