@@ -76,19 +76,19 @@ def broken_startup(directory: Path, monkeypatch, body: str, task: str = "worker:
 
     A real way to make one engine crash, hang or refuse to start, for the failure tests.
     """
-    from kit.core.cluster import TFCluster
+    from kit.core import roles
 
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sitecustomize.py").write_text(body)
-    original = TFCluster._task_environment
+    original = roles.task_environment
 
-    def environment(self, name, *args):
-        env = original(self, name, *args)
+    def environment(options, name, *args):
+        env = original(options, name, *args)
         if name == task:
             env["PYTHONPATH"] = str(directory)
         return env
 
-    monkeypatch.setattr(TFCluster, "_task_environment", environment)
+    monkeypatch.setattr(roles, "task_environment", environment)
 
 
 @pytest.fixture

@@ -60,3 +60,9 @@ def test_the_fastest_two_worker_variant_is_judged_and_horovod_has_its_columns():
     text = format_report({**loaded, "goals": goals})
     assert "2 Horovod" in text and "3000" in text and "0.50" in text
     assert "2 Horovod fp16" not in text  # not measured: no column
+
+
+def test_the_launch_goal_is_the_first_step_within_a_second_of_the_plain_launch():
+    behind = {"launch": {"first_step_behind_plain_s": 0.4}}
+    assert check_goals(behind)["first_step_behind_plain_s"] == {"value": 0.4, "target": "<= 1", "met": True}
+    assert not check_goals({"launch": {"first_step_behind_plain_s": 2.5}})["first_step_behind_plain_s"]["met"]

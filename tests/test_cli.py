@@ -1,6 +1,7 @@
 """The `kit` command line: tfconfig output and exit codes, and that `import kit` stays cheap."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -148,3 +149,26 @@ def test_notebooks_copies_the_lessons_with_their_figures_and_keeps_edits_unless_
     assert edited.read_bytes() == (source / lessons[0]).read_bytes()
     assert main(["notebooks", str(source), "--force"]) == 2  # never onto the lessons themselves
     assert "is where the lessons come from" in capsys.readouterr().err
+
+
+def test_kit_demo_prints_one_line_per_section_of_the_lesson(tmp_path, capsys):
+    """`kit demo` writes papermill's cell log to a file; the terminal gets each ``##`` heading once."""
+    import logging
+
+    import nbformat
+
+    from kit.tools.cli import SectionEcho
+
+    notebook = tmp_path / "lesson.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Title"), nbformat.v4.new_code_cell("setup = 1"),
+        nbformat.v4.new_markdown_cell("Intro\n## Step 1: one worker"), nbformat.v4.new_code_cell("a = 1"),
+        nbformat.v4.new_code_cell("b = 2"), nbformat.v4.new_markdown_cell("## Step 2: two workers"),
+        nbformat.v4.new_code_cell("c = 3")]), notebook)
+    echo = SectionEcho(notebook, prefix="kit demo: ")
+    for number in range(1, 8):
+        for message in (f"Executing Cell {number:-<40}", "some output line", f"Ending Cell {number:-<43}"):
+            echo.emit(logging.LogRecord("papermill", logging.INFO, __file__, 0, message, None, None))
+    lines = capsys.readouterr().out.splitlines()
+    assert [re.sub(r"^kit demo: +[\d.]+s +", "", line) for line in lines] == ["Step 1: one worker",
+                                                                            "Step 2: two workers"]

@@ -18,8 +18,8 @@ import pytest
 
 from conftest import REPO, broken_startup, kit_processes
 import kit
-from kit.core import tfconfig
-from kit.core.cluster import STARTUP_NOISE, Phase, TFCluster, _usable_cores
+from kit.core import limits, roles, tfconfig
+from kit.core.cluster import STARTUP_NOISE, Phase, TFCluster
 from kit.core.errors import ClusterError, ExposedPortsWarning, OptionError, WorkerError
 
 
@@ -84,7 +84,7 @@ def test_each_engine_has_its_tf_config_and_environment_before_tensorflow(two_wor
         return {k: os.environ.get(k) for k in ("TF_CONFIG", "TF_USE_LEGACY_KERAS", "TF_NUM_INTRAOP_THREADS",
                                                "OMP_NUM_THREADS", "KIT_TASK")} | {"pid": os.getpid()}
 
-    threads = str(max(1, _usable_cores() // 2))
+    threads = str(max(1, limits.read().cores // 2))
     for task, env in zip(two_workers.tasks, two_workers.run(environment)):
         config = tfconfig.loads(env["TF_CONFIG"], strategy="multi_worker_mirrored")
         assert config == two_workers.tf_configs[task.name]
@@ -193,7 +193,9 @@ def test_tensorflow_start_up_noise_is_hidden_but_kept(make_cluster, capsys, monk
         import tensorflow as tf
         print(f"TensorFlow {tf.__version__} on {os.environ['KIT_TASK']}, log level {os.environ.get('TF_CPP_MIN_LOG_LEVEL')}")
 
-    quiet = make_cluster(workers=1)
+    # preload=False: the run imports TensorFlow, so its start-up lines come in the run (a preloading engine
+    # writes them to its log as it starts, before any run, where nothing shows them either)
+    quiet = make_cluster(workers=1, preload=False)
     quiet.run(import_tensorflow)
     first = quiet.output["worker:0"]
     quiet.run(print, "next")  # lines written to the file descriptor may trail into the next run
@@ -270,7 +272,7 @@ def test_stop_ends_engines_and_controller(no_leaks):
     before = {p.pid for p in kit_processes(os.getpid())}
     cluster = TFCluster(workers=2).start()
     pids = [p.pid for p in kit_processes(os.getpid()) if p.pid not in before]
-    assert set(pids) >= {t.pid for t in cluster.tasks} | {cluster._engines.ipp.controller.process.pid}
+    assert set(pids) >= {t.pid for t in cluster.tasks} | {cluster.engines.ipp.controller.process.pid}
     cluster.stop()
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     cluster.stop()  # idempotent
@@ -288,7 +290,7 @@ def test_exception_inside_with_block_stops_everything(no_leaks):
 @pytest.mark.slow  # a cluster: 6.4 s
 def test_engines_exit_when_the_controller_is_killed(make_cluster):
     cluster = make_cluster(workers=2)
-    controller = cluster._engines.ipp.controller.process.pid
+    controller = cluster.engines.ipp.controller.process.pid
     everything = [p.pid for p in kit_processes(os.getpid())
                   if p.pid == controller or f",{controller}:" in p.environ()["KIT_LIFELINE"]
                   or p.ppid() == controller]
@@ -416,7 +418,7 @@ def test_an_engine_killed_between_runs_is_named_before_the_next_run(make_cluster
     victim = cluster.tasks[1]
     cluster.kill(victim.name)
     deadline = time.monotonic() + 10
-    while cluster._engines.alive(victim.name):  # SIGKILL is asynchronous: wait until it has landed
+    while cluster.task_group().alive(victim.name):  # SIGKILL is asynchronous: wait until it has landed
         assert time.monotonic() < deadline, f"{victim.name}'s engine outlived a SIGKILL by 10 s"
         time.sleep(0.05)
     with pytest.raises(ClusterError, match=r"worker:1: the engine process is gone.*cluster.restart\(\)") as info:
@@ -440,14 +442,14 @@ def test_a_port_taken_after_it_was_picked_is_replaced(make_cluster, monkeypatch,
         squatter.bind(("", 0))
         squatter.listen()
         taken = squatter.getsockname()[1]
-        original = TFCluster._pick_ports
+        original = roles.pick_ports
 
-        def pick_a_taken_port(self, reports):
-            ports = original(self, reports)  # picked on each engine
+        def pick_a_taken_port(client, reports, host_of):
+            ports = original(client, reports, host_of)  # picked on each engine
             ports["worker:1"] = taken
             return ports
 
-        monkeypatch.setattr(TFCluster, "_pick_ports", pick_a_taken_port)
+        monkeypatch.setattr(roles, "pick_ports", pick_a_taken_port)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExposedPortsWarning)  # isolation="none" is asked for
             cluster = make_cluster(workers=2, isolation=isolation)
@@ -552,11 +554,12 @@ def test_keras3_choice_is_visible_and_real(make_cluster):
 
 def test_user_env_overrides_thread_settings_but_not_the_task_identity():
     cluster = TFCluster(workers=2, env={"TF_NUM_INTEROP_THREADS": "1", "KIT_TASK": "chief:9", "TF_CONFIG": "{}"})
-    env = cluster._task_environment("worker:1")
+    env = roles.task_environment(cluster.options, "worker:1")
     assert env["TF_NUM_INTEROP_THREADS"] == "1"  # the user's choice wins over the kit's default of >= 2
     assert env["KIT_TASK"] == "worker:1"
     assert "TF_CONFIG" not in env  # the kit's own comes with the port picked on the engine, never the user's
-    configs = cluster._build_configs(cluster.task_names, {"worker:0": 2222, "worker:1": 2223})
+    configs = roles.build_configs(cluster.task_names, {"worker:0": 2222, "worker:1": 2223},
+                                  {name: cluster.options.host for name in cluster.task_names})
     assert configs["worker:1"]["task"] == {"type": "worker", "index": 1}
     assert configs["worker:1"]["cluster"] == {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
 

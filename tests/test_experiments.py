@@ -6,6 +6,7 @@ The sweeps run a tiny notebook written into tmp_path: no TensorFlow, a second or
 from __future__ import annotations
 
 import json
+import os
 import math
 import subprocess
 import sys
@@ -335,3 +336,14 @@ def test_kit_plot_exit_codes(tmp_path):
         ["accuracy-vs-batch.png", "loss-vs-examples.png", "throughput.png"]
     missing = run_kit("plot", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+@pytest.mark.slow  # one papermill kernel (~2 s)
+def test_sweep_kernels_talk_over_unix_sockets_and_leave_no_folder(tiny, tmp_path, capfd):
+    import tempfile
+
+    before = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("kit-kernel-")}
+    table = experiments.sweep(tiny, [{"x": 1, "mode": "ok"}], tmp_path / "out", progress=False)
+    assert list(table["status"]) == ["ok"]
+    assert "running over TCP" not in capfd.readouterr().err  # ipykernel's warning for every TCP kernel
+    assert {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("kit-kernel-")} == before

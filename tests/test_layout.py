@@ -1,75 +1,125 @@
-"""The package's shape: three layers importing one way, no import circle, small modules, one of each helper."""
+"""The package's shape: three layers importing one way, no import circle, no reach into another object's
+private state, small modules, one of each helper, and the module graph of docs/architecture.md drawn from
+the code."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
+from pathlib import Path
 
 from conftest import REPO
 
 KIT = REPO / "kit"
 #: The core modules the engines' code (kit.train) may use: pure, no cluster machinery.
 PURE_CORE = {"kit.core.errors", "kit.core.tfconfig", "kit.core.files"}
+#: Where no module reads another object's underscored attribute. kit.train is left out: it reads a few
+#: of TensorFlow's private fields where TensorFlow has no public one (e.g. a strategy's worker count).
+NO_PRIVATE_REACH = ("core", "tools")
+#: Underscored names of the standard library that are its public API.
+STDLIB_PRIVATE_API = {("os", "_exit"), ("sys", "_getframe")}
 
 
-def modules() -> dict[str, ast.Module]:
-    found = {}
-    for path in sorted(KIT.rglob("*.py")):
-        name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
-        found[name] = ast.parse(path.read_text(), str(path))
+def module_graph():
+    """tools/module_graph.py: the import graph (an AST walk) that the diagram of docs/architecture.md shows."""
+    spec = importlib.util.spec_from_file_location("module_graph", REPO / "tools" / "module_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def private_reaches(package: Path) -> list[str]:
+    """Every ``x._name`` in the package's modules where ``x`` is not ``self`` or ``cls`` (dunders aside), and
+    every ``from m import _name`` of something that is not a module of the package: ``path:line: code``."""
+    known = set(module_graph().modules(package))
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        module = ".".join(path.relative_to(package.parent).with_suffix("").parts)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.endswith("__"):
+                owner = node.value.id if isinstance(node.value, ast.Name) else None
+                if owner in ("self", "cls") or (owner, node.attr) in STDLIB_PRIVATE_API:
+                    continue
+                found.append(f"{path.relative_to(package.parent)}:{node.lineno}: {ast.unparse(node)}")
+            elif isinstance(node, ast.ImportFrom):
+                base = module.rsplit(".", node.level)[0] if node.level else ""
+                source = ".".join(filter(None, [base, node.module]))
+                for alias in node.names:
+                    if alias.name.startswith("_") and f"{source}.{alias.name}" not in known:
+                        found.append(f"{path.relative_to(package.parent)}:{node.lineno}: from {source} import {alias.name}")
     return found
 
 
-def imports(name: str, tree: ast.Module) -> set[str]:
-    """Every kit module ``name`` imports, at the top or inside a function."""
-    package = name if name.count(".") == 1 else name.rsplit(".", 1)[0]
-    if name.endswith(("kit.core", "kit.train", "kit.tools")):
-        package = name
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                target = f"{base}.{node.module}" if node.module else base
-                out |= ({target} if node.module else set()) | {f"{target}.{a.name}" for a in node.names}
-            elif node.module and node.module.startswith("kit"):
-                out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-        elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.startswith("kit.")}
-    return out
-
-
-def pure(target: str) -> bool:
-    return any(target == m or target.startswith(m + ".") for m in PURE_CORE)
+def write_package(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
 
 
 def test_layers_import_one_way():
     wrong = []
-    for name, tree in modules().items():
-        for target in imports(name, tree):
+    for name, targets in module_graph().graph(KIT).items():
+        for target in targets:
             if name.startswith("kit.core") and target.startswith(("kit.train", "kit.tools")):
                 wrong.append((name, target))
             if name.startswith("kit.train") and (target.startswith("kit.tools") or
-                                                 target.startswith("kit.core.") and not pure(target)):
+                                                 target.startswith("kit.core.") and target not in PURE_CORE):
                 wrong.append((name, target))
     assert not wrong
 
 
-def test_no_import_circle_in_train_and_tools():
-    graph = {name: imports(name, tree) for name, tree in modules().items()}
-    circles = []
-
-    def walk(node: str, path: list[str]) -> None:
-        for target in graph.get(node, ()):
-            if target in path:
-                circles.append(path[path.index(target):] + [target])
-            elif target.startswith(("kit.train.", "kit.tools.")):
-                walk(target, path + [target])
-
-    for name in graph:
-        if name.startswith(("kit.train.", "kit.tools.")):
-            walk(name, [name])
+def test_no_import_circle_anywhere_in_kit():
+    """Lazy imports inside functions count: a circle through one still ties the two modules together."""
+    circles = module_graph().circles(module_graph().graph(KIT))
     assert not circles
+
+
+def test_no_module_reads_another_objects_private_state():
+    """A run talks to its cluster, a cluster to its engines, through public names (kit.core.group.TaskGroup,
+    kit.core.engines.Engines): whoever changes one file's private state need not read the others."""
+    reaches = [r for folder in NO_PRIVATE_REACH for r in private_reaches(KIT / folder)]
+    assert not reaches
+
+
+def test_the_checks_find_a_circle_even_through_a_lazy_import(tmp_path):
+    tool = module_graph()
+    package = write_package(tmp_path / "pkg", {
+        "__init__.py": "",
+        "a.py": "from . import b\n",
+        "b.py": "def later():\n    from .a import something\n",
+        "c.py": "from .a import something\nimport pkg.sub.d\n",
+        "sub/__init__.py": "",
+        "sub/d.py": "from .. import c\n",
+    })
+    assert tool.circles(tool.graph(package)) == [["pkg.a", "pkg.b", "pkg.a"], ["pkg.c", "pkg.sub.d", "pkg.c"]]
+    (package / "b.py").write_text("def later():\n    return 1\n")
+    (package / "sub" / "d.py").write_text("import os\n")
+    assert tool.circles(tool.graph(package)) == []
+
+
+def test_the_checks_find_a_private_reach(tmp_path):
+    package = write_package(tmp_path / "pkg", {
+        "__init__.py": "",
+        "_helper.py": "def _hidden():\n    return 1\n",
+        "run.py": ("import os, sys\nfrom . import _helper\nfrom ._helper import _hidden\n\n"
+                   "class Run:\n    def go(self, cluster):\n        self._count = sys._getframe(0).f_lineno\n"
+                   "        if cluster._records:\n            os._exit(1)\n        return cluster.__class__\n"),
+    })
+    assert private_reaches(package) == ["pkg/run.py:3: from pkg._helper import _hidden",
+                                        "pkg/run.py:8: cluster._records"]
+    (package / "run.py").write_text("from . import _helper\n\ndef go(cluster):\n    return cluster.records\n")
+    assert private_reaches(package) == []
+
+
+def test_the_module_graph_in_architecture_md_is_drawn_from_the_code():
+    tool = module_graph()
+    text = (REPO / "docs" / "architecture.md").read_text()
+    assert text.startswith("# Architecture\n") and text.index(tool.BEGIN) < text.index("\n## ")
+    assert text == tool.render(text, tool.graph(KIT)), \
+        "docs/architecture.md's module graph is out of date: run python tools/module_graph.py"
 
 
 def test_no_module_is_over_400_lines():

@@ -117,7 +117,7 @@ class Cgroup:
     def __init__(self, cpu_quota: float | None = None, memory: int | None = None):
         self.dirs = {}
         name = f"kit-test-{uuid.uuid4().hex[:6]}"
-        for controller, parents in limits._cgroup_dirs(Path("/proc")).items():  # noqa: SLF001
+        for controller, parents in limits.cgroup_dirs(Path("/proc")).items():
             if (parents[0] / "cgroup.controllers").exists():
                 pytest.skip("this test drives cgroup v1 hierarchies; this machine mounts cgroup v2")
             directory = parents[0] / name

@@ -194,3 +194,17 @@ def test_a_wheel_installed_elsewhere_finds_mnist_the_notebooks_and_its_commands(
         assert shown.returncode == 0, shown.stdout + shown.stderr
         for name in ("tfconfig", "demo", "notebooks", "sweep", "plot", "bench", "faults", "compat"):
             assert name in shown.stdout, (command, name, shown.stdout)
+
+
+def test_the_environment_can_build_the_kit_without_build_isolation():
+    """`pip wheel --no-build-isolation .` builds with this environment's setuptools: make installs the
+    build-system's requirement (the SPDX `license` string needs setuptools 77 or later)."""
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    (requirement,) = [Requirement(r) for r in tomllib.loads((REPO / "pyproject.toml").read_text())
+                      ["build-system"]["requires"] if r.startswith("setuptools")]
+    assert requirement.specifier.contains(version("setuptools")), (
+        f"setuptools {version('setuptools')} here; pyproject.toml's build-system requires {requirement}. "
+        "Fix: make (it installs it), or pip install 'setuptools>=77,<85'")

@@ -260,10 +260,10 @@ def test_the_controller_and_the_engines_open_no_port_on_the_host(make_cluster):
     assert cluster.tasks[0].pid in pids
     tcp = [c for c in psutil.net_connections("inet") if c.pid in pids]
     assert not tcp, tcp
-    security = Path(cluster._engines.ipp.profile_dir) / "security"  # noqa: SLF001 - what the kernel connects to
+    security = Path(cluster.engines.ipp.profile_dir) / "security"  # what the kernel connects to
     client = json.loads(next(security.glob("*client.json")).read_text())
-    assert client["interface"].startswith(f"ipc://{cluster._engines.ipp.profile_dir}/")  # noqa: SLF001
-    assert oct(os.stat(cluster._engines.ipp.profile_dir).st_mode & 0o777) == "0o700"  # noqa: SLF001
+    assert client["interface"].startswith(f"ipc://{cluster.engines.ipp.profile_dir}/")
+    assert oct(os.stat(cluster.engines.ipp.profile_dir).st_mode & 0o777) == "0o700"
 
 
 def test_the_controller_binds_the_ipc_names_its_engines_and_clients_connect_to():

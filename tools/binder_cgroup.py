@@ -17,7 +17,18 @@ While the command runs, a sampler (every :data:`SAMPLE_SECONDS`) records which k
 the group (engines, controller, kernels) and whether any process the kit started for a process in
 the group (``KIT_LIFELINE`` names its owner) is outside it, as read from ``/proc/PID/cgroup``. The
 JSON record then says what the group allowed, what the command used (peak memory as the kernel
-counted it, out-of-memory kills, CPU time, throttled time), its exit status and wall time.
+counted it, out-of-memory kills, CPU time, throttled time), its exit status and wall time, and where the
+memory was at each notebook's peak (resident and anonymous memory by kind of process: kernel, engines,
+nannies, controller, the Jupyter server, the rest).
+
+On mybinder.org the Jupyter server (JupyterLab) runs inside the same limit as the kernels it starts.
+``--with-server`` does the same here: before the command it starts ``jupyter lab`` inside the group (a
+free port on 127.0.0.1, a random token, its root, runtime and config folders in a temporary folder),
+waits until its HTTP API answers with the token (bounded: :data:`SERVER_READY_TIMEOUT`), and stops it
+after the command (SIGTERM, then SIGKILL after :data:`SERVER_STOP_TIMEOUT`); the record's
+``jupyter_server`` says it was inside, and its memory. The temporary folder goes with it.
+
+    python tools/binder_cgroup.py --with-server --record out/binder-fit.json -- python -m pytest --nbval-lax notebooks/
 
 The group is always removed: leftover processes are killed and waited for (bounded) and the
 folders deleted, also when the command fails or this tool is interrupted. Without root or without
@@ -31,11 +42,17 @@ import argparse
 import dataclasses
 import json
 import os
+import secrets
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -60,6 +77,11 @@ SAMPLE_SECONDS = 0.5
 REMOVE_TIMEOUT = 30.0
 #: Exit status when the command could not be started in the group.
 SETUP_FAILED = 125
+#: Bound on the Jupyter server's start, until its HTTP API answers: it starts in 3-10 s here, slower in a
+#: group with 1 CPU on a busy machine.
+SERVER_READY_TIMEOUT = 120.0
+#: Bound on its stop after SIGTERM (it stops in about a second), before SIGKILL.
+SERVER_STOP_TIMEOUT = 20.0
 
 _MISSING = "needs root and a cgroup memory+cpu controller"
 
@@ -93,7 +115,7 @@ class _Layout:
     @classmethod
     def find(cls, enable: bool = True) -> "_Layout":
         """This machine's layout; ``enable=False`` only checks, changing nothing (see :func:`_v2_parent`)."""
-        groups = limits._cgroup_dirs(Path("/proc"))  # noqa: SLF001  (this process's cgroup folders)
+        groups = limits.cgroup_dirs(Path("/proc"))  # this process's cgroup folders
         missing = [c for c in ("memory", "cpu") if c not in groups]
         if missing:
             raise CgroupError(f"no cgroup {' and '.join(missing)} controller is mounted for this process "
@@ -154,17 +176,30 @@ class Memory:
         return Memory(*(max(a, b) for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
 
+#: Per kind of process: how many, their resident memory, and its anonymous part (``rss - shared``
+#: from ``/proc/PID/statm``: what nothing can drop; a fork's copy-on-write pages count in each process).
+ByKind = dict[str, dict[str, int]]
+
+
 @dataclasses.dataclass
 class KernelSpan:
-    """The group's memory while one notebook kernel lived (first to last sample that saw it)."""
+    """The group's memory while one notebook kernel lived (first to last sample that saw it), and where
+    it was (:data:`ByKind`) at the sample with the highest working set."""
 
     first_seen: float
     last_seen: float
     peak: Memory
+    at_peak: ByKind = dataclasses.field(default_factory=dict)
+
+    def update(self, now: float, memory: Memory, by_kind: ByKind) -> None:
+        if memory.working_set > self.peak.working_set or not self.at_peak:
+            self.at_peak = by_kind
+        self.last_seen, self.peak = now, self.peak.max(memory)
 
     def as_dict(self) -> dict[str, Any]:
         return {"seconds": round(self.last_seen - self.first_seen, 1), "peak_usage_bytes": self.peak.usage,
-                "peak_working_set_bytes": self.peak.working_set, "peak_anon_bytes": self.peak.anon}
+                "peak_working_set_bytes": self.peak.working_set, "peak_anon_bytes": self.peak.anon,
+                "at_peak": self.at_peak}
 
 
 @dataclasses.dataclass
@@ -179,6 +214,10 @@ class Sample:
     #: one per kernel the command itself started (nbval: one per notebook, in the order they ran);
     #: kernels that a notebook starts (papermill runs in notebook 08) count towards their notebook
     kernels: dict[int, KernelSpan] = dataclasses.field(default_factory=dict)
+    #: the whole run, from the command's start (a Jupyter server started before it is in every sample)
+    run: KernelSpan | None = None
+    #: kind -> the most resident and anonymous memory its processes held together, in any one sample
+    kind_peaks: ByKind = dataclasses.field(default_factory=dict)
     command_pid: int = 0
     errors: list[str] = dataclasses.field(default_factory=list)
 
@@ -355,18 +394,32 @@ class BinderCgroup:
         process = self.popen(command, **kwargs)
         return Watched(self, command, process)
 
-    def run(self, command: list[str], timeout: float | None = None, **kwargs: Any) -> dict[str, Any]:
+    def run(self, command: list[str], timeout: float | None = None, server: "JupyterServer | None" = None,
+            **kwargs: Any) -> dict[str, Any]:
         """Run ``command`` in the group until it ends (or ``timeout`` s: then it is killed and
-        :class:`subprocess.TimeoutExpired` raised); return the record (see :meth:`Watched.record`)."""
-        watched = self.start(command, **kwargs)
+        :class:`subprocess.TimeoutExpired` raised); return the record (see :meth:`Watched.record`).
+
+        With ``server`` (a :class:`JupyterServer` of this group), the server starts in the group first
+        and is stopped after the command, also when it fails; the record's ``jupyter_server`` describes it.
+        """
+        if server is not None:
+            server.start()  # a ServerError leaves nothing behind: the server is stopped, its folder gone
         try:
-            watched.process.wait(timeout=timeout)
-        except BaseException:  # a timeout, or this tool interrupted: the group's processes must go too
-            watched.process.kill()
-            watched.process.wait(timeout=REMOVE_TIMEOUT)
-            watched.record()  # stops the sampler; the group goes with the context
-            raise
-        return watched.record()
+            watched = self.start(command, **kwargs)
+            try:
+                watched.process.wait(timeout=timeout)
+                watched.ended = time.monotonic()
+            except BaseException:  # a timeout, or this tool interrupted: the group's processes must go too
+                watched.process.kill()
+                watched.process.wait(timeout=REMOVE_TIMEOUT)
+                watched.record()  # stops the sampler; the group goes with the context
+                raise
+        finally:
+            if server is not None:
+                server.stop()
+        record = watched.record()
+        record["jupyter_server"] = server.describe(record) if server is not None else None
+        return record
 
     def describe(self) -> dict[str, Any]:
         return {"cgroup_version": self.layout.version,
@@ -396,6 +449,8 @@ class BinderCgroup:
         sample.samples += 1
         sample.peak = sample.peak.max(memory)
         counts: dict[str, int] = {}
+        by_kind: ByKind = {}
+        kernels: list[int] = []
         for proc in psutil.process_iter(["pid", "ppid", "cmdline", "environ"]):
             info = proc.info
             if info["environ"] is None or info["cmdline"] is None:
@@ -407,8 +462,15 @@ class BinderCgroup:
                     sample.seen.setdefault(kind, set()).add(info["pid"])
                     counts[kind] = counts.get(kind, 0) + 1
                 if kind == "kernel" and info["ppid"] == sample.command_pid:
-                    span = sample.kernels.setdefault(info["pid"], KernelSpan(now, now, memory))
-                    span.last_seen, span.peak = now, span.peak.max(memory)
+                    kernels.append(info["pid"])
+                try:
+                    rss, shared = proc.memory_info()[:3:2]  # rss, shared (/proc/PID/statm: cheap)
+                except psutil.Error:
+                    continue  # exited meanwhile
+                mine = by_kind.setdefault(kind or _other_kind(info["cmdline"]), {"processes": 0, "rss": 0, "anon": 0})
+                mine["processes"] += 1
+                mine["rss"] += rss
+                mine["anon"] += rss - shared
             elif owners & inside:  # the kit started it for a process in the group, yet it is outside
                 try:
                     cgroups = Path(f"/proc/{info['pid']}/cgroup").read_text().strip()
@@ -419,6 +481,14 @@ class BinderCgroup:
                 sample.escaped[info["pid"]] = cgroups
         for kind, count in counts.items():
             sample.max_concurrent[kind] = max(sample.max_concurrent.get(kind, 0), count)
+        for kind, held in by_kind.items():
+            peak = sample.kind_peaks.setdefault(kind, {"rss": 0, "anon": 0})
+            peak["rss"], peak["anon"] = max(peak["rss"], held["rss"]), max(peak["anon"], held["anon"])
+        for pid in kernels:
+            sample.kernels.setdefault(pid, KernelSpan(now, now, memory)).update(now, memory, by_kind)
+        if sample.run is None:
+            sample.run = KernelSpan(now, now, memory)
+        sample.run.update(now, memory, by_kind)
 
 
 class Watched:
@@ -427,6 +497,7 @@ class Watched:
     def __init__(self, group: BinderCgroup, command: list[str], process: subprocess.Popen):
         self.group, self.command, self.process = group, command, process
         self.started = time.monotonic()
+        self.ended: float | None = None  # when the command ended, if it was waited for (not a server's stop)
         self.sample, self._stop = Sample(command_pid=process.pid), threading.Event()
         self._sampler = threading.Thread(target=group._sample_until, args=(self.sample, self._stop),
                                          daemon=True, name=f"binder-cgroup-sampler-{process.pid}")
@@ -441,20 +512,169 @@ class Watched:
         if self._sampler.is_alive():
             raise CgroupError(f"the sampler of cgroup {self.group.name} did not stop within {bound:.0f} s")
         return {"in_cgroup": True, "command": self.command, "returncode": self.process.poll(),
-                "wall_seconds": round(time.monotonic() - self.started, 1), **self.group.describe(),
+                "wall_seconds": round((self.ended or time.monotonic()) - self.started, 1), **self.group.describe(),
                 **self.group.readings(self.sample), **_processes(self.sample)}
 
 
+class ServerError(CgroupError):
+    """The Jupyter server did not start or answer in time; the message names its command and log."""
+
+
+class JupyterServer:
+    """``jupyter lab`` inside a :class:`BinderCgroup`, as on mybinder.org, where the server and the kernels
+    it starts share the session's memory.
+
+        with BinderCgroup() as group:
+            record = group.run(command, server=JupyterServer(group))
+
+    It listens on a free port of 127.0.0.1 and answers only with its random token (given in
+    ``JUPYTER_TOKEN``, so it is in no command line); its root, runtime (``jpserver-*.json``) and config
+    folders are in a temporary folder that :meth:`stop` deletes. Its log goes to ``log`` (kept) or into
+    that folder (then a failure's message holds the log's last lines).
+    """
+
+    def __init__(self, group: BinderCgroup, log: Path | None = None, python: str = sys.executable,
+                 ready_timeout: float = SERVER_READY_TIMEOUT, stop_timeout: float = SERVER_STOP_TIMEOUT,
+                 argv: list[str] | None = None):
+        """``argv``: another server command (tests), with ``{port}`` and ``{root}`` filled in."""
+        self.group, self.python, self.keep_log = group, python, log
+        self.ready_timeout, self.stop_timeout, self.argv = ready_timeout, stop_timeout, argv
+        self.process: subprocess.Popen | None = None
+        self.folder: Path | None = None
+        self.port = 0
+        self.token = secrets.token_hex(24)
+        self.facts: dict[str, Any] = {}
+
+    @property
+    def log(self) -> Path:
+        return self.keep_log or (self.folder or Path(tempfile.gettempdir())) / "server.log"
+
+    def command(self) -> list[str]:
+        root = str(self.folder / "root")
+        if self.argv is not None:
+            return [arg.format(port=self.port, root=root) for arg in self.argv]
+        as_root = ["--ServerApp.allow_root=True"] if os.geteuid() == 0 else []  # this tool runs as root; Binder does not
+        return [self.python, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+                f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0", f"--ServerApp.root_dir={root}", *as_root]
+
+    def start(self) -> None:
+        """Start the server in the group and wait until ``GET /api/status`` answers with the token;
+        a :class:`ServerError` (after stopping it) if it exits first or does not answer in time."""
+        started = time.monotonic()
+        try:
+            self.folder = Path(tempfile.mkdtemp(prefix="kit-binder-server-"))
+            for name in ("root", "runtime", "config"):
+                (self.folder / name).mkdir()
+            self.port = _free_port()
+            env = {**os.environ, "JUPYTER_TOKEN": self.token, "JUPYTER_RUNTIME_DIR": str(self.folder / "runtime"),
+                   "JUPYTER_CONFIG_DIR": str(self.folder / "config")}
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            with self.log.open("wb") as log:
+                self.process = self.group.popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, env=env, cwd=self.folder)
+            self._wait_ready(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.facts["ready_seconds"] = round(time.monotonic() - started, 1)
+        self.facts["in_group"] = self.group._names_this_group(Path(f"/proc/{self.process.pid}/cgroup").read_text())
+        import psutil
+
+        rss, shared = psutil.Process(self.process.pid).memory_info()[:3:2]
+        self.facts.update(rss_bytes_at_ready=rss, anon_bytes_at_ready=rss - shared)
+
+    def _wait_ready(self, started: float) -> None:
+        url = f"http://127.0.0.1:{self.port}/api/status"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+        request = urllib.request.Request(url, headers={"Authorization": f"token {self.token}"})
+        last = "no answer yet"
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise ServerError(f"the Jupyter server ({self._described()}) exited with status {code} before "
+                                  f"{url} answered; {self._log_tail()}")
+            try:
+                with opener.open(request, timeout=5) as answer:
+                    json.load(answer)
+                    return
+            except (urllib.error.URLError, OSError, ValueError) as error:
+                last = f"{type(error).__name__}: {getattr(error, 'reason', error)}"
+            if time.monotonic() - started > self.ready_timeout:
+                raise ServerError(f"the Jupyter server ({self._described()}) did not answer {url} within "
+                                  f"{self.ready_timeout:.0f} s (last: {last}); {self._log_tail()}")
+            time.sleep(0.25)
+
+    def _described(self) -> str:
+        return f"pid {self.process.pid}: {' '.join(self.command())}" if self.process else "not started"
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            tail = self.log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as error:
+            return f"its log {self.log} could not be read: {error}"
+        kept = "" if self.keep_log else " (deleted with the server's temporary folder)"
+        return f"its log {self.log}{kept} ends:\n" + "\n".join(tail)
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after :attr:`stop_timeout` s; then its temporary folder goes."""
+        try:
+            if self.process is not None and self.process.poll() is not None and "stopped" not in self.facts:
+                self.facts["stopped"] = f"had exited by itself (status {self.process.returncode})"
+            if self.process is not None and self.process.poll() is None:
+                stopping = time.monotonic()
+                self.process.terminate()
+                try:
+                    self.process.wait(timeout=self.stop_timeout)
+                    self.facts["stopped"] = f"SIGTERM: exited in {time.monotonic() - stopping:.1f} s"
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait(timeout=REMOVE_TIMEOUT)
+                    self.facts["stopped"] = f"SIGKILL after {self.stop_timeout:.0f} s of SIGTERM"
+        finally:
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
+                self.facts["folder_removed"] = not self.folder.exists()
+
+    def describe(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record's ``jupyter_server``: inside the group (as the sampler saw it, and its /proc cgroup
+        file at start), its memory at start and at most, how it stopped."""
+        peak = record.get("peak_by_kind", {}).get("jupyter-server", {})
+        return {"inside": record["processes_seen"].get("jupyter-server", 0) >= 1 and self.facts.get("in_group", False),
+                "command": self.command() if self.process else None, "pid": self.process.pid if self.process else None,
+                **self.facts, "peak_rss_bytes": peak.get("rss"), "peak_anon_bytes": peak.get("anon"),
+                "log": str(self.keep_log) if self.keep_log else None}
+
+
+def _free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (the server is told not to try another: port_retries=0)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _kind(cmdline: list[str]) -> str | None:
-    """The kit's process kinds, by command line."""
+    """The kit's process kinds, the notebook kernels and the Jupyter server, by command line."""
     text = " ".join(cmdline)
-    if "kit.core._lifeline ipyparallel.engine" in text:
+    if "kit.core._boot ipyparallel.engine" in text:
         return "engine"
-    if "kit.core._lifeline kit.core._controller" in text:
+    if "kit.core._boot kit.core._controller" in text:
         return "controller"
     if "ipykernel_launcher" in text or "-m ipykernel" in text:
         return "kernel"
+    if (cmdline[1:3] in (["-m", "jupyterlab"], ["-m", "jupyter_server"])
+            or any(Path(arg).name in ("jupyter-lab", "jupyter-server") for arg in cmdline[:2])):
+        return "jupyter-server"  # by its program, not by any mention (a `python -c` script may name it)
     return None
+
+
+def _other_kind(cmdline: list[str]) -> str:
+    """How the memory breakdown names a process that :func:`_kind` does not."""
+    text = " ".join(cmdline)
+    if "ipyparallel.engine.nanny" in text:
+        return "nanny"  # ipyparallel's per-engine watcher (one per engine)
+    if "pytest" in text:
+        return "pytest"  # the command: nbval and the notebooks' cells' results
+    return "other"
 
 
 def _processes(sample: Sample) -> dict[str, Any]:
@@ -463,6 +683,8 @@ def _processes(sample: Sample) -> dict[str, Any]:
             "processes_max_concurrent": dict(sorted(sample.max_concurrent.items())),
             "escaped_processes": {str(pid): cgroup for pid, cgroup in sample.escaped.items()},
             "kernels": [span.as_dict() for span in sample.kernels.values()],
+            "at_peak": sample.run.at_peak if sample.run else {},
+            "peak_by_kind": dict(sorted(sample.kind_peaks.items())),
             "sampler_errors": sample.errors}
 
 
@@ -476,6 +698,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", type=Path, help="write the JSON record here")
     parser.add_argument("--if-possible", action="store_true",
                         help="without root or cgroup controllers, run the command without limits (and say so)")
+    parser.add_argument("--with-server", action="store_true",
+                        help="start a Jupyter server (jupyter lab) inside the group before the command and stop "
+                             "it after, as on mybinder.org; its log goes next to --record (.server.log)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -496,14 +721,26 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (CI cancelling, make killed) must still remove the group: turn it into an exception here
     signal.signal(signal.SIGTERM, _interrupted)
     with BinderCgroup(memory=int(args.memory_gib * GiB), cpus=args.cpus) as group:
+        server = None
+        if args.with_server:
+            log = args.record.with_suffix(".server.log") if args.record else None
+            server = JupyterServer(group, log=log)
         print(f"binder-cgroup: running in cgroup v{group.layout.version} {group.name}: "
-              f"{_size(args.memory_gib, args.cpus)}", file=sys.stderr)
-        record = group.run(command)
+              f"{_size(args.memory_gib, args.cpus)}" + (", with a Jupyter server inside" if server else ""),
+              file=sys.stderr)
+        try:
+            record = group.run(command, server=server)
+        except ServerError as error:
+            print(f"binder-cgroup: {error}", file=sys.stderr)
+            return SETUP_FAILED
     _write_record(args.record, record)
+    served = record["jupyter_server"]
     print(f"binder-cgroup: exit {record['returncode']} after {record['wall_seconds']:.0f} s; peak memory "
           f"{record['peak_memory_bytes'] / 2**20:.0f} MiB of {group.memory / 2**20:.0f} "
           f"(working set {record['peak_working_set_bytes'] / 2**20:.0f} MiB, sampled), "
-          f"{record['oom_kills']} out-of-memory kill(s); processes seen inside: {record['processes_seen']}",
+          f"{record['oom_kills']} out-of-memory kill(s); processes seen inside: {record['processes_seen']}"
+          + (f"; Jupyter server inside: {served['inside']}, {served['rss_bytes_at_ready'] / 2**20:.0f} MiB "
+             f"resident at start, {(served['peak_rss_bytes'] or 0) / 2**20:.0f} MiB at most" if served else ""),
           file=sys.stderr)
     return record["returncode"]
 

@@ -1,33 +1,26 @@
-"""Run an ipyparallel controller or engine that exits as soon as the process owning it is gone.
+"""A lifeline: a process that exits as soon as the processes owning it are gone.
 
 A killed notebook kernel runs no ``atexit`` handler, and an ipyparallel engine notices a dead
 controller only after ~50 missed heartbeats (minutes), while the controller's scheduler
-processes outlive a killed controller. So the kit starts its controller and engines as::
-
-    python -m kit.core._lifeline kit.core._controller [args...]
-    python -m kit.core._lifeline ipyparallel.engine [args...]
-
-with ``KIT_LIFELINE="pid:start_time,..."`` in their environment: a daemon thread polls those
-processes and ends this one (``os._exit``) when any of them has exited. The start time guards
+processes outlive a killed controller. So every process a local cluster starts (its controller and
+engines, through :mod:`kit.core._boot`; its network holders, :mod:`kit.core._netns`) gets
+``KIT_LIFELINE="pid:start_time,..."`` in its environment and calls :func:`start`: a daemon thread polls
+those processes and ends this one (``os._exit``) when any of them has exited. The start time guards
 against a recycled pid. Engines on other hosts cannot see local pids; there the engine's own
 heartbeat check (``--IPEngine.max_heartbeat_misses``) is the fallback.
 
-An engine whose environment has ``KIT_NETNS`` first joins the cluster's private network namespace
-(:mod:`kit.core._netns`).
+This module imports no other module of the kit: :mod:`kit.core._netns` and :mod:`kit.core._boot` build on it.
 """
 
 from __future__ import annotations
 
 import os
-import runpy
 import sys
 import threading
 
 import psutil
 
 LIFELINE_VAR = "KIT_LIFELINE"
-#: An engine's variable naming the holder of its cluster's private network (kit.core._netns), "pid:start_time".
-NETNS_VAR = "KIT_NETNS"
 POLL_SECONDS = 0.5
 
 
@@ -84,20 +77,3 @@ def start(value: str | None = None) -> threading.Event:
 
 def _start_thread(watched: list[tuple[int, float]], stop: threading.Event) -> None:
     threading.Thread(target=_watch, args=(watched, stop), name="kit-lifeline", daemon=True).start()
-
-
-def main(argv: list[str]) -> None:
-    if not argv:
-        raise SystemExit("usage: python -m kit.core._lifeline MODULE [ARGS...]")
-    netns = os.environ.get(NETNS_VAR)
-    if netns:  # an engine of a local cluster: into the cluster's private network first (kit.core._netns),
-        from . import _netns  # while this process has one thread, as joining a user namespace needs
-
-        _netns.enter(netns)
-    start()
-    sys.argv = [argv[0], *argv[1:]]
-    runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -13,7 +13,7 @@ One small *holder* process makes the namespace and keeps it alive::
 
 It prints ``ready`` once the loopback interface is up, and exits when its owner (the kernel) is gone
 (:mod:`kit.core._lifeline`) or when the cluster stops it. Each engine joins it first thing, in
-:mod:`kit.core._lifeline`, with ``KIT_NETNS=pid:start_time`` of the holder in its environment.
+:mod:`kit.core._boot`, with ``KIT_NETNS=pid:start_time`` of the holder in its environment.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ import tempfile
 import threading
 
 from . import _lifeline
-NETNS_VAR = _lifeline.NETNS_VAR
+
+#: An engine's variable naming the holder of its cluster's private network, "pid:start_time" (kit.core._boot).
+NETNS_VAR = "KIT_NETNS"
 READY = "ready"
 #: How long the holder may take to make the namespace (measured: 43-64 ms, mostly Python's start-up;
 #: docs/performance.md, change 12).

@@ -6,9 +6,11 @@ TF_CONFIG and the thread limits can still take effect.
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import sys
+import threading
 from importlib.util import find_spec
 from typing import Any
 
@@ -28,6 +30,7 @@ def report() -> dict[str, Any]:
         "tf_config": os.environ.get("TF_CONFIG"),
         "legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS"),
         "tensorflow_imported": "tensorflow" in sys.modules,
+        "tensorflow_preloaded": PRELOAD is not None,
         "has_tf_keras": find_spec("tf_keras") is not None,
         "python": sys.version.split()[0],
         "malloc_arena_max": MALLOC_ARENA_MAX,
@@ -55,13 +58,52 @@ def set_environment(values: dict[str, str]) -> dict[str, Any]:
     with glibc's ``mallopt``: glibc reads the variable only when the process starts, so for an engine
     started elsewhere (without it in its launch environment) setting the variable alone does nothing.
     """
-    if "tensorflow" in sys.modules:
+    if "tensorflow" in sys.modules and PRELOAD is None:
         raise ClusterError("TensorFlow is already imported on this engine, so a new TF_CONFIG "
                            "would not take effect", fix="start fresh engines (cluster.restart())")
+    late = [k for k in READ_AT_IMPORT if k in values and os.environ.get(k) != values[k]]
+    if "tensorflow" in sys.modules and late:
+        raise ClusterError(f"TensorFlow was imported as this engine started (preload), so {', '.join(late)} "
+                           "would not take effect any more",
+                           fix="start the cluster with preload=False to set them after the engines start")
     os.environ.update(values)
+    from .tfdata_wakeup import install
+
+    install()  # engines of every kind: fit returns on time (kit.core.tfdata_wakeup); once is enough
     if "MALLOC_ARENA_MAX" in values:
         limit_malloc_arenas(int(values["MALLOC_ARENA_MAX"]))
     return report()
+
+
+#: A local engine's launch variable (``ClusterOptions.preload``): import TensorFlow in the background as the
+#: engine starts (:mod:`kit.core._boot`), while the kit gives the tasks their roles. TensorFlow reads TF_CONFIG
+#: when a strategy is built and starts its runtime at the first op, so both still take effect; the
+#: variables it reads at import (:data:`READ_AT_IMPORT`) are in the launch environment already.
+PRELOAD_VAR = "KIT_PRELOAD"
+READ_AT_IMPORT = ("TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL", "MALLOC_ARENA_MAX")
+#: The preload's thread, once started in this process.
+PRELOAD: threading.Thread | None = None
+
+
+def preload_tensorflow() -> threading.Thread | None:
+    """Import TensorFlow (and tf_keras, where TF_USE_LEGACY_KERAS=1 asks for it) in a background thread.
+
+    A function that imports TensorFlow meanwhile waits for this import (Python's module lock) instead of
+    starting its own. A failed import prints its traceback to the engine's log; the function's own
+    ``import tensorflow`` then raises the same error where the learner sees it.
+    """
+    global PRELOAD
+    if "tensorflow" in sys.modules:  # imported at start-up by something else (a sitecustomize): the kit's
+        return None                  # check refuses such an engine (kit.core.roles.check_engines)
+
+    def load() -> None:
+        importlib.import_module("tensorflow")
+        if os.environ.get("TF_USE_LEGACY_KERAS") == "1" and find_spec("tf_keras") is not None:
+            importlib.import_module("tf_keras")
+
+    PRELOAD = threading.Thread(target=load, name="kit-preload", daemon=True)
+    PRELOAD.start()
+    return PRELOAD
 
 
 #: What :func:`limit_malloc_arenas` set in this process (None: nothing yet, or not glibc), and how many

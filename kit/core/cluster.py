@@ -10,8 +10,10 @@ local ones (a controller on unix sockets and one engine set per task, in a priva
 for both: each task's port is picked on its engine's own host (or network namespace), opened there and
 reached from every other task, then the task's environment (TF_CONFIG, thread limits, Keras choice) is
 set before TensorFlow is imported, and checked. Runs, their live view and their supervision are in
-:mod:`kit.core.runs`. Every process the cluster started is stopped when the ``with`` block ends, at
-interpreter exit, and (through :mod:`kit.core._lifeline`) when the notebook kernel is killed.
+:mod:`kit.core.runs`; a run reaches the tasks only through the :class:`kit.core.group.TaskGroup` the cluster
+hands it (``task_group()``), made anew each time the engines get their roles. Every process the cluster
+started is stopped when the ``with`` block ends, at interpreter exit, and (through :mod:`kit.core._lifeline`)
+when the notebook kernel is killed.
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ import psutil
 from . import _lifeline, limits, roles, tfconfig, view as views
 from .attach import ForeignEngines
 from .engines import Engines, LocalEngines
-from .errors import ClusterError, ExposedPortsWarning, MemoryLimitWarning, OptionError
-from .options import KERAS_CHOICES, ClusterOptions, RunOptions, TaskInfo, check_names
+from .errors import ClusterError, ExposedPortsWarning, MemoryLimitWarning
+from .group import TaskGroup, TaskRecord
+from .options import ClusterOptions, RunOptions, TaskInfo, check_names
 from .runs import FAILED_PEERS_GRACE_SECONDS, STARTUP_NOISE, Failure, Run, notebook_sources
 
-__all__ = ["TFCluster", "Phase", "State", "TaskRecord", "Failure", "kit_processes", "notebook_sources",
-           "STARTUP_NOISE", "FAILED_PEERS_GRACE_SECONDS"]
+__all__ = ["TFCluster", "Phase", "State", "TaskRecord", "TaskGroup", "Failure", "kit_processes",
+           "notebook_sources", "STARTUP_NOISE", "FAILED_PEERS_GRACE_SECONDS"]
 
 _live_clusters: "weakref.WeakSet[TFCluster]" = weakref.WeakSet()
 
@@ -66,11 +69,6 @@ def kit_processes(owner_pid: int | None = None) -> list[psutil.Process]:
     return found
 
 
-def _usable_cores() -> int:
-    """Cores this process may use: its CPU affinity, capped by a container's CPU quota (kit.core.limits)."""
-    return limits.read().cores
-
-
 class Phase(enum.Enum):
     """Where a TFCluster is in its life."""
 
@@ -89,15 +87,6 @@ class State:
     tasks: tuple = ()     #: the tasks concerned (lost, stuck)
 
 
-@dataclasses.dataclass(frozen=True)
-class TaskRecord:
-    """One task of a running cluster: what its engine reported, its TF_CONFIG and its engine handle."""
-
-    info: TaskInfo
-    tf_config: dict
-    engine: Any  #: the ipyparallel DirectView of its engine
-
-
 class TFCluster:
     """A TensorFlow cluster of ipyparallel engines, one engine per TF task.
 
@@ -111,10 +100,10 @@ class TFCluster:
         self.log = logging.getLogger("kit.core.cluster")
         self.state = State()
         self._engines: Engines | None = None
-        self._records: dict[str, TaskRecord] = {}
+        self._group: TaskGroup | None = None  # the tasks of the engines of the moment (None: no roles yet)
         #: Every failure a supervised run (``max_failures``) saw, across runs.
         self.failures: list[Failure] = []
-        self._oom_kills: int | None = None  # the memory cgroup's OOM-kill count when the run began
+        self._memory = limits.OomWatch(len(self.task_names))  # names an engine the OOM killer ended
         #: Each task's whole output (stdout and stderr lines, nothing hidden) of the last run, by task name.
         self.output: dict[str, str] = {}
         #: The live view of the last :meth:`run` (its ``states()``: each task's last state).
@@ -125,6 +114,12 @@ class TFCluster:
     def started(self) -> bool:
         """Whether the cluster has engines (ready, or stale until :meth:`restart`)."""
         return self.state.phase in (Phase.READY, Phase.STALE)
+
+    @property
+    def engines(self) -> Engines | None:
+        """Where the tasks' processes come from (:class:`kit.core.engines.Engines`; None while stopped),
+        e.g. ``cluster.engines.profile_dir`` of local engines. For looking, not for changing."""
+        return self._engines
 
     @property
     def exposed_because(self) -> str:
@@ -140,14 +135,24 @@ class TFCluster:
     @property
     def tasks(self) -> list[TaskInfo]:
         """Each running task: type, index, address, engine id, pid, host, Keras choice."""
-        self._require_started()
-        return [self._records[name].info for name in self.task_names]
+        group = self.task_group(ready=False)
+        return [group.info(name) for name in group.names]
 
     @property
     def tf_configs(self) -> dict[str, dict]:
         """The TF_CONFIG of each task, by task name."""
+        group = self.task_group(ready=False)
+        return {name: group.records[name].tf_config for name in group.names}
+
+    def task_group(self, ready: bool = True) -> TaskGroup:
+        """The running tasks, as a run uses them (:class:`kit.core.group.TaskGroup`): the one door between
+        a run and this cluster. Raises ClusterError if the cluster is not running, or is stale (lost a task,
+        timed out; ``ready=False`` lets a stale cluster's tasks through, as long as it still has them)."""
         self._require_started()
-        return {name: self._records[name].tf_config for name in self.task_names}
+        if self._group is None or (ready and self.state.phase is Phase.STALE):
+            raise ClusterError(self.state.reason, list(self.state.tasks),
+                               fix="call cluster.restart() for fresh engines")
+        return self._group
 
     def describe(self):
         """The tasks as a pandas DataFrame (for a notebook)."""
@@ -161,7 +166,7 @@ class TFCluster:
             raise ClusterError("this TFCluster is already started",
                                fix="stop() it first, or call restart() for fresh engines")
         _live_clusters.add(self)
-        self._oom_kills = limits.oom_kills()
+        self._memory.mark()
         self.state = State(Phase.STARTING)
         try:
             if self.options.engines is None:
@@ -171,7 +176,7 @@ class TFCluster:
                                   "will then kill a task. Fix: fewer tasks (workers=...), or a machine "
                                   "or session with more memory.", MemoryLimitWarning,
                                   stacklevel=_caller_outside_kit())
-                self._engines = LocalEngines(self.options, explain_exit=self._out_of_memory)
+                self._engines = LocalEngines(self.options, explain_exit=self._memory.explain)
             else:
                 self._engines = ForeignEngines(self.options)
             self._assign_roles(self._engines.start(self.task_names, self._launch_environments()))
@@ -190,7 +195,7 @@ class TFCluster:
         """
         self._require_started()
         self.state = State(Phase.STARTING)
-        self._records.clear()
+        self._group = None
         try:
             self._assign_roles(self._engines.replace(self.task_names, self._launch_environments()))
         except BaseException as error:
@@ -203,7 +208,7 @@ class TFCluster:
         """Stop every engine and the controller this cluster started, and wait until they are gone."""
         _live_clusters.discard(self)
         self.state = State(Phase.STOPPED)
-        self._records.clear()
+        self._group = None
         engines, self._engines = self._engines, None
         if engines is not None:
             engines.close()
@@ -219,7 +224,7 @@ class TFCluster:
 
     def _repr_html_(self) -> str:
         """The tasks as a table in a notebook: address, pid, and the state of the last run."""
-        if not self.started or not self._records:
+        if not self.started or self._group is None:
             return f"<b>TFCluster</b> {', '.join(self.task_names)}: {self.state.phase.value}"
         last = self.last_view.rows if self.last_view is not None else {}
         rows = []
@@ -253,64 +258,39 @@ class TFCluster:
 
         Safe to call from another thread while :meth:`run` is waiting (a fault-injection timer).
         """
-        self._require_started()
-        name = self._select([task])[0]
-        self._engines.signal(name, self._records[name].info.engine_id, signal)
+        group = self.task_group(ready=False)
+        name = group.select([task])[0]
+        self._engines.signal(name, group.info(name).engine_id, signal)
 
     # ----- roles: one path for every kind of engines --------------------------------------------
     def _launch_environments(self) -> dict[str, dict[str, str]]:
         """What each engine gets at launch where its kind can pass it (local engines): everything but
         TF_CONFIG, whose port is picked on the engine once it runs. ``MALLOC_ARENA_MAX`` must be there
         to count from the start (glibc reads it once); engines from elsewhere get it by ``mallopt``."""
-        return {name: self._task_environment(name) for name in self.task_names}
+        return {name: roles.task_environment(self.options, name) for name in self.task_names}
 
     def _assign_roles(self, reports: dict[str, dict]) -> None:
         """Give every task its role on the engine ``reports`` assigns it (:mod:`kit.core.roles`): check the
         engines, pick and open each task's port on its own host, check every task reaches every other,
-        set each task's environment (TF_CONFIG included) before TensorFlow starts, and check it."""
-        client = self._engines.client
+        set each task's environment (TF_CONFIG included) before TensorFlow starts, and check it; then
+        hand the tasks to runs as a new :class:`TaskGroup`."""
+        engines = self._engines
+        client = engines.client
         roles.check_engines(reports, self.options.keras)
-        hosts = {n: self._engines.task_host(r) for n, r in reports.items()}
-        ports = roles.open_ports(client, reports, self._pick_ports(reports), hosts, self.log)
-        configs = self._build_configs(list(reports), ports, hosts)
+        hosts = {n: engines.task_host(r) for n, r in reports.items()}
+        ports = roles.open_ports(client, reports, roles.pick_ports(client, reports, engines.task_host),
+                                 hosts, self.log)
+        configs = roles.build_configs(list(reports), ports, hosts)
         roles.check_reachability(client, reports, configs)
         per_host = {h: list(hosts.values()).count(h) for h in hosts.values()}
         for name, rep in reports.items():
-            env = self._task_environment(name, rep["cores"], per_host[hosts[name]])
+            env = roles.task_environment(self.options, name, rep["cores"], per_host[hosts[name]])
             reports[name] = roles.set_environment(client, name, rep, env, configs[name])
         client[[r["engine_id"] for r in reports.values()]].use_cloudpickle()
-        for name, rep in reports.items():
-            info = roles.task_info(name, rep, configs[name], self._engines.isolated)
-            self._records[name] = TaskRecord(info, configs[name], client[rep["engine_id"]])
+        records = {name: TaskRecord(roles.task_info(name, reports[name], configs[name], engines.isolated),
+                                    configs[name], client[reports[name]["engine_id"]]) for name in self.task_names}
+        self._group = TaskGroup(records, engines, self._memory, self._mark_stale)
         self.state = State(Phase.READY)
-
-    def _pick_ports(self, reports: dict[str, dict]) -> dict[str, int]:
-        """A free port for each training task, picked on its own engine (its host or network namespace)."""
-        return roles.pick_ports(self._engines.client, reports, self._engines.task_host)
-
-    def _build_configs(self, names: list[str], ports: dict[str, int],
-                       hosts: dict[str, str] | None = None) -> dict[str, dict]:
-        return roles.build_configs(names, ports, {n: (hosts or {}).get(n, self.options.host) for n in names})
-
-    def _task_environment(self, name: str, cores: int | None = None, tasks_here: int | None = None) -> dict[str, str]:
-        """Task ``name``'s environment, less TF_CONFIG (set with its port, :meth:`_assign_roles`)."""
-        threads = self.options.threads or max(1, (cores or _usable_cores()) // (tasks_here or len(self.task_names)))
-        env = {
-            "TF_NUM_INTRAOP_THREADS": str(threads),
-            # at least 2: with one inter-op thread, ParameterServerStrategy steps hang forever
-            "TF_NUM_INTEROP_THREADS": str(max(2, threads)),
-            "OMP_NUM_THREADS": str(threads),
-            # C++ log lines after TensorFlow's start-up: warnings and errors only, unless tf_logs="all"
-            **({"TF_CPP_MIN_LOG_LEVEL": "2"} if self.options.tf_logs == "quiet" else {}),
-            # glibc gives each busy thread its own malloc arena; TensorFlow's many threads then hold
-            # on to ~100 MB per worker that two arenas do not (docs/performance.md, change 9)
-            "MALLOC_ARENA_MAX": "2",
-            **self.options.env,  # the user's word wins, except for what makes the task a task
-            tfconfig.TASK_VARIABLE: name,
-            "TF_USE_LEGACY_KERAS": KERAS_CHOICES[self.options.keras],
-        }
-        env.pop("TF_CONFIG", None)  # the kit's, with the port picked on the engine, comes after
-        return env
 
     # ----- state ------------------------------------------------------------------------------
     def _require_started(self) -> None:
@@ -318,47 +298,13 @@ class TFCluster:
             raise ClusterError("the cluster is not running",
                                fix="use `with TFCluster(...) as cluster:` or call cluster.start()")
 
-    def _require_ready(self) -> None:
-        self._require_started()
-        if self.state.phase is Phase.STALE:
-            raise ClusterError(self.state.reason, list(self.state.tasks),
-                               fix="call cluster.restart() for fresh engines")
-
     def _mark_stale(self, reason: str, tasks: list[str]) -> None:
-        """The engines must be replaced before the next run, because ``reason``."""
+        """The engines must be replaced before the next run, because ``reason`` (a run says so through
+        its :class:`TaskGroup`)."""
         self.state = State(Phase.STALE, reason, tuple(tasks))
 
-    def _select(self, tasks: list[str] | tuple | None) -> list[str]:
-        if tasks is None:
-            return self.task_names
-        names = []
-        for task in tasks:
-            name = tfconfig.task_name(*tfconfig.parse_task(task))
-            if name not in self.task_names:
-                raise OptionError("tasks", f"{task!r} is not a task of this cluster",
-                                  f"use one of {', '.join(self.task_names)}")
-            names.append(name)
-        return names
-
-    def _dead_tasks(self, names: list[str]) -> list[str]:
-        """The tasks among ``names`` whose engine process has exited (the one liveness check)."""
-        return [name for name in names if not self._engines.alive(name)]
-
-    def _out_of_memory(self) -> str:
-        """How a dead engine died, if the out-of-memory killer did it ("" otherwise): with the numbers."""
-        now = limits.oom_kills()
-        if now is None or self._oom_kills is None or now <= self._oom_kills:
-            return ""
-        here = limits.read()
-        limit = (f"the memory limit here is {here.memory_limit / 2**30:.1f} GiB ({here.memory_limit_from})"
-                 if here.memory_limit else "the machine ran out of memory")
-        return (f"killed by the out-of-memory killer ({now - self._oom_kills} kill(s) in this memory "
-                f"cgroup since the run began); {limit}, for the kernel and {len(self.task_names)} task(s) of "
-                f"about {limits.TASK_MEMORY_MB} MB each while they train. Fix: fewer tasks or a smaller "
-                "batch, or a machine or session with more memory")
-
     def _warn_exposed(self) -> None:
-        servers = [f"{r.info.name} at {r.info.address}" for r in self._records.values() if r.info.address]
+        servers = [f"{t.name} at {t.address}" for t in self.tasks if t.address]
         warnings.warn(
             f"The TensorFlow servers of this cluster can be reached from other hosts: "
             f"{', '.join(servers)}, listening on every interface ({self.exposed_because}). They have "

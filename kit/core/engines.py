@@ -19,18 +19,17 @@ from __future__ import annotations
 import abc
 import logging
 import os
-import shutil
 import signal as signals
 import sys
-import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Callable
 
 import ipyparallel as ipp
 import psutil
 
-from . import _lifeline, _netns, _remote, links
+from . import _lifeline, _netns, _remote, links, workdir
 from .errors import ClusterError
 from .options import ClusterOptions, engine_set_id
 
@@ -119,12 +118,19 @@ class LocalEngines(Engines):
         else:
             shared = self._private_network()
             networks = {name: shared for name in names}
+        # ClusterOptions.preload; not with tf_logs="all": TensorFlow's start-up lines would go to the engine's
+        # log before any run, instead of into the run that shows them
+        preload = ({_remote.PRELOAD_VAR: "tensorflow"} if self.options.preload and self.options.tf_logs == "quiet"
+                   else {})
         for name in names:
+            # TMPDIR in the cluster's folder: what a SIGKILLed task leaves there goes with it (kit.core.workdir)
+            tmpdir = workdir.task_tmpdir(Path(self.profile_dir), engine_set_id(name))
             self.ipp.start_engines_sync(
                 n=1,
                 engine_set_id=engine_set_id(name),
-                environment={**environments[name], _lifeline.LIFELINE_VAR: lifeline, **networks[name]},
-                engine_cmd=[sys.executable, "-m", "kit.core._lifeline", "ipyparallel.engine"],
+                environment={"TMPDIR": tmpdir, **environments[name], _lifeline.LIFELINE_VAR: lifeline,
+                             **networks[name], **preload},
+                engine_cmd=[sys.executable, "-m", "kit.core._boot", "ipyparallel.engine"],
             )
         if self.client is None:
             self.client = self.ipp.connect_client_sync()
@@ -178,12 +184,13 @@ class LocalEngines(Engines):
             self.linked.stop()
             self.linked = None
         if self.profile_dir is not None:
-            shutil.rmtree(self.profile_dir, ignore_errors=True)
+            workdir.remove(Path(self.profile_dir))
             self.profile_dir = None
 
     # ----- the processes ----------------------------------------------------------------------
     def _start_controller(self) -> None:
-        self.profile_dir = tempfile.mkdtemp(prefix="kit-cluster-")  # 0700: only this user connects
+        workdir.sweep()  # the folders of clusters whose kernel was killed
+        self.profile_dir = str(workdir.create(os.getpid()))
         sockets = os.path.join(self.profile_dir, "sockets")
         os.mkdir(sockets, 0o700)
         self.ipp = ipp.Cluster(
@@ -198,7 +205,7 @@ class LocalEngines(Engines):
             log_level=logging.ERROR,
         )
         self.ipp.start_controller_sync(
-            controller_cmd=[sys.executable, "-m", "kit.core._lifeline", "kit.core._controller"],
+            controller_cmd=[sys.executable, "-m", "kit.core._boot", "kit.core._controller"],
             environment={_lifeline.LIFELINE_VAR: _lifeline.token(os.getpid())},
         )
 

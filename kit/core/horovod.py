@@ -74,7 +74,11 @@ class HorovodCluster(TFCluster):
         if options.get("keras", "tf-keras") == "keras3":
             raise OptionError("keras", f"keras='keras3' cannot be used: {KERAS3_REFUSED}",
                               "leave keras at 'tf-keras' (the default), which sets TF_USE_LEGACY_KERAS=1")
-        super().__init__(workers, **options)
+        if options.get("preload"):
+            raise OptionError("preload", "Horovod's variables are set on each engine before TensorFlow or "
+                              "Horovod is imported there, so a HorovodCluster does not preload TensorFlow",
+                              "leave preload out (a HorovodCluster uses preload=False)")
+        super().__init__(workers, **{**options, "preload": False})
         self.rendezvous: tuple[str, int] | None = None  #: (address, port) of the rendezvous server
         self._horovod_env: dict[str, dict[str, str]] = {}
 
@@ -136,8 +140,9 @@ class HorovodCluster(TFCluster):
 
     # ----- set-up -----------------------------------------------------------------------------
     def _setup_horovod(self) -> None:
-        tasks = self.tasks
-        engine = {t.name: self._records[t.name].engine for t in tasks}
+        group = self.task_group()
+        tasks = [group.info(name) for name in group.names]
+        engine = {t.name: group.engine(t.name) for t in tasks}
         for name, view in engine.items():
             found = view.apply_sync(horovod_version)
             if found is None:

@@ -47,7 +47,7 @@ class Limits:
 def read(proc: str | Path = "/proc", environ: dict | None = None) -> Limits:
     """This process's limits (``proc`` and ``environ`` are for tests)."""
     environ = os.environ if environ is None else environ
-    groups = _cgroup_dirs(Path(proc))
+    groups = cgroup_dirs(Path(proc))
     quota = _cpu_quota(groups)
     limit, used, source = _memory(groups)
     mem_limit = environ.get("MEM_LIMIT", "").strip()
@@ -59,7 +59,7 @@ def read(proc: str | Path = "/proc", environ: dict | None = None) -> Limits:
 
 def oom_kills(proc: str | Path = "/proc") -> int | None:
     """How many processes the out-of-memory killer has ended in this process's memory cgroup (None: unknown)."""
-    groups = _cgroup_dirs(Path(proc))
+    groups = cgroup_dirs(Path(proc))
     for directory in groups.get("memory", [])[:1]:
         for name in ("memory.events", "memory.oom_control"):  # v2, v1
             fields = _key_values(directory / name)
@@ -82,6 +82,33 @@ def memory_shortfall(tasks: int, limits: Limits) -> str:
             f"({limits.memory_limit_from}) and {used / 2**30:.1f} GiB of it is in use")
 
 
+class OomWatch:
+    """Counts the out-of-memory killer's kills in this memory cgroup from a moment on, to say how an
+    engine died: a TFCluster marks the moment at start and at each run, and asks when an engine is gone."""
+
+    def __init__(self, tasks: int):
+        self.tasks = tasks              #: the cluster's tasks, for the message's arithmetic
+        self.since: int | None = None   #: the cgroup's kill count at the mark (None: unknown)
+
+    def mark(self) -> None:
+        """Count from now on."""
+        self.since = oom_kills()
+
+    def explain(self) -> str:
+        """How a dead engine died, if the out-of-memory killer did it since the mark ("" otherwise): with
+        the numbers and the fix."""
+        now = oom_kills()
+        if now is None or self.since is None or now <= self.since:
+            return ""
+        here = read()
+        limit = (f"the memory limit here is {here.memory_limit / 2**30:.1f} GiB ({here.memory_limit_from})"
+                 if here.memory_limit else "the machine ran out of memory")
+        return (f"killed by the out-of-memory killer ({now - self.since} kill(s) in this memory cgroup since "
+                f"the run began); {limit}, for the kernel and {self.tasks} task(s) of about {TASK_MEMORY_MB} MB "
+                "each while they train. Fix: fewer tasks or a smaller batch, or a machine or session with more "
+                "memory")
+
+
 # ----- reading cgroups ------------------------------------------------------------------------------
 def _affinity() -> int:
     try:
@@ -90,9 +117,10 @@ def _affinity() -> int:
         return os.cpu_count() or 1
 
 
-def _cgroup_dirs(proc: Path) -> dict[str, list[Path]]:
+def cgroup_dirs(proc: Path) -> dict[str, list[Path]]:
     """Controller ("cpu", "memory") → this process's cgroup folder and its parents up to the mount,
-    innermost first; v2's unified hierarchy serves every controller it has."""
+    innermost first; v2's unified hierarchy serves every controller it has. (Also for the tests and
+    tools/binder_cgroup.py, which make child groups there.)"""
     try:
         mountinfo = (proc / "self" / "mountinfo").read_text().splitlines()
         membership = (proc / "self" / "cgroup").read_text().splitlines()

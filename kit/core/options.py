@@ -74,6 +74,14 @@ class ClusterOptions:
                        "; ".join(f"'{k}': {v}" for k, v in VIEW_CHOICES.items()) +
                        ". Default: $KIT_VIEW, else 'auto'.",
                        default_factory=lambda: os.environ.get("KIT_VIEW", "auto"))
+    preload: bool = _field(True, "Local engines import TensorFlow in the background as they start, while the "
+                                 "kit gives the tasks their roles, so the first training step comes sooner "
+                                 "(docs/performance.md, change 15). TF_CONFIG still takes effect: TensorFlow "
+                                 "reads it when a strategy is built. False: TensorFlow is imported when the "
+                                 "function you run imports it (no ~580 MB per task that never runs "
+                                 "TensorFlow). Engines from elsewhere, and engines with tf_logs='all' (whose "
+                                 "start-up lines then show in the run that imports TensorFlow), are never "
+                                 "preloaded.")
     start_timeout: float = _field(60.0, "Seconds to wait for every engine to register and "
                                         "report its TF_CONFIG before giving up.")
     env: dict = _field(None, "Extra environment variables for every task, e.g. "
@@ -107,6 +115,9 @@ class ClusterOptions:
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise OptionError("threads", f"{self.threads!r} is not a whole number >= 1",
                               "leave it None to divide the cores among the tasks")
+        if not isinstance(self.preload, bool):
+            raise OptionError("preload", f"{self.preload!r} is not True or False",
+                              "preload=False imports TensorFlow only when your function does")
         if not (isinstance(self.start_timeout, (int, float)) and self.start_timeout > 0):
             raise OptionError("start_timeout", f"{self.start_timeout!r} is not a positive number",
                               "give seconds, e.g. start_timeout=60")

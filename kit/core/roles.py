@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import ipyparallel as ipp
 
-from . import _remote, tfconfig
+from . import _remote, limits, tfconfig
 from .errors import ClusterError
-from .options import KERAS_CHOICES, TaskInfo
+from .options import KERAS_CHOICES, ClusterOptions, TaskInfo
 
 #: How often a port taken since it was picked is picked again before start-up gives up.
 PORT_TRIES = 3
@@ -25,7 +25,7 @@ PORT_TRIES = 3
 
 def check_engines(reports: dict[str, dict], keras: str) -> None:
     """Refuse engines whose TF_CONFIG could not take effect, or that lack the Keras asked for."""
-    used = [n for n, r in reports.items() if r["tensorflow_imported"]]
+    used = [n for n, r in reports.items() if r["tensorflow_imported"] and not r["tensorflow_preloaded"]]
     if used:
         raise ClusterError(f"the engines of {', '.join(used)} imported TensorFlow before TF_CONFIG was set, "
                            "so it cannot take effect. Fix: remove TensorFlow from the engines' start-up "
@@ -110,6 +110,33 @@ def set_environment(client: ipp.Client, name: str, report: dict, env: dict[str, 
                            fix="remove whatever sets KIT_TASK in the engine's start-up, then start the "
                                "cluster again")
     return {**report, **now, "engine_id": report["engine_id"]}
+
+
+def task_environment(options: ClusterOptions, name: str, cores: int | None = None,
+                     tasks_here: int | None = None) -> dict[str, str]:
+    """Task ``name``'s environment, less TF_CONFIG (:func:`set_environment` sets it with the port).
+
+    Threads: ``options.threads``, else the ``cores`` of its engine's host (default: this process's usable
+    cores, :func:`kit.core.limits.read`) shared by the ``tasks_here`` on that host (default: every task).
+    """
+    tasks_here = tasks_here or sum(options.cluster_layout().values())
+    threads = options.threads or max(1, (cores or limits.read().cores) // tasks_here)
+    env = {
+        "TF_NUM_INTRAOP_THREADS": str(threads),
+        # at least 2: with one inter-op thread, ParameterServerStrategy steps hang forever
+        "TF_NUM_INTEROP_THREADS": str(max(2, threads)),
+        "OMP_NUM_THREADS": str(threads),
+        # C++ log lines after TensorFlow's start-up: warnings and errors only, unless tf_logs="all"
+        **({"TF_CPP_MIN_LOG_LEVEL": "2"} if options.tf_logs == "quiet" else {}),
+        # glibc gives each busy thread its own malloc arena; TensorFlow's many threads then hold
+        # on to ~100 MB per worker that two arenas do not (docs/performance.md, change 9)
+        "MALLOC_ARENA_MAX": "2",
+        **options.env,  # the user's word wins, except for what makes the task a task
+        tfconfig.TASK_VARIABLE: name,
+        "TF_USE_LEGACY_KERAS": KERAS_CHOICES[options.keras],
+    }
+    env.pop("TF_CONFIG", None)  # the kit's, with the port picked on the engine, comes after
+    return env
 
 
 def build_configs(names: list[str], ports: dict[str, int], hosts: dict[str, str]) -> dict[str, dict]:

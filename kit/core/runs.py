@@ -7,6 +7,12 @@
 like tf.data's ``Dataset.with_options``); ``cluster.run`` is ``Run`` with the default options. Every
 supervision message (a failure, a restart, giving up) is an event of the run's live view, which shows it
 (the widget, or ``[kit] ...`` on stderr) and logs it to the ``kit`` logger.
+
+A run knows its cluster only through :class:`Cluster` (what it reads and calls, all public) and the
+cluster's :class:`kit.core.group.TaskGroup` (the tasks, their engines, liveness, how one died, marking
+the cluster stale), which it asks for at every attempt. Supervision (when to give up, what to restart)
+is :meth:`Run.run` and :meth:`Run._supervised_restart`; how engines are replaced is the engines' kind's
+``replace`` (:mod:`kit.core.engines`, :mod:`kit.core.attach`).
 """
 
 from __future__ import annotations
@@ -14,14 +20,12 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
-from . import _remote, limits, view as views
+from . import _remote, view as views
 from .errors import ClusterError, FailuresExhaustedError, WorkerError
-from .options import RunOptions
-
-if TYPE_CHECKING:
-    from .cluster import TFCluster
+from .group import TaskGroup
+from .options import ClusterOptions, RunOptions, TaskInfo
 
 #: After one task fails, how long the others get to finish before the cluster is marked stale.
 FAILED_PEERS_GRACE_SECONDS = 2.0
@@ -49,10 +53,28 @@ class Failure:
     restarted_at: float | None = None  #: time.time() when fresh engines were ready
 
 
+class Cluster(Protocol):
+    """What a run uses of its cluster (:class:`kit.core.cluster.TFCluster` has it): the tasks through
+    :meth:`task_group`, a fresh start or restart for supervision, and where the run's record goes."""
+
+    options: ClusterOptions
+    failures: list[Failure]         #: every failure a supervised run saw
+    output: dict[str, str]          #: each task's whole output of the last run
+    last_view: views.RunView | None  #: the live view of the last run
+
+    @property
+    def started(self) -> bool: ...
+    @property
+    def tasks(self) -> list[TaskInfo]: ...
+    def task_group(self, ready: bool = True) -> TaskGroup: ...
+    def start(self) -> Any: ...
+    def restart(self) -> Any: ...
+
+
 class Run:
     """A cluster with run options bound: ``.run(fn, *args, **kwargs)`` passes every argument to ``fn``."""
 
-    def __init__(self, cluster: "TFCluster", options: RunOptions | None = None):
+    def __init__(self, cluster: Cluster, options: RunOptions | None = None):
         self.cluster = cluster
         self.options = options or RunOptions()
 
@@ -74,12 +96,10 @@ class Run:
         """
         cluster, options = self.cluster, self.options
         name = getattr(fn, "__name__", str(fn))
-        cluster._require_started()
-        if not cluster._records:  # a restart failed half-way: no engines to show or run on
-            cluster._require_ready()
-        names = cluster._select(options.tasks)
+        group = cluster.task_group(ready=False)  # a stale cluster's tasks still show; none after a failed restart
+        names = group.select(options.tasks)
         cluster.last_view = live = views.RunView(
-            f"{name} on {', '.join(names)}", [cluster._records[n].info for n in names],
+            f"{name} on {', '.join(names)}", [group.info(n) for n in names],
             mode=views.choose(cluster.options.view), show_lines=options.stream)
         failures: list[Failure] = []
         while True:
@@ -94,7 +114,7 @@ class Run:
                                f"{options.max_failures} restart(s)")
                     raise FailuresExhaustedError(name, failures) from error
                 live.event(f"attempt {failure.attempt}: {failure.task} failed: {failure.error}")
-                live.restarting(f"restarting all {len(cluster.task_names)} tasks with fresh engines "
+                live.restarting(f"restarting all {len(group.names)} tasks with fresh engines "
                                 f"(restart {len(failures)} of at most {options.max_failures})")
                 self._supervised_restart(failures, name, live)
                 if options.on_restart is not None:
@@ -128,16 +148,15 @@ class Run:
 
     def _run_once(self, fn: Callable, args: tuple, kwargs: dict, names: list[str], live: views.RunView) -> list:
         cluster, timeout = self.cluster, self.options.timeout
-        cluster._require_ready()
+        group = cluster.task_group()  # the engines of the moment (new ones after a restart), ready
         name = getattr(fn, "__name__", str(fn))
-        gone = cluster._dead_tasks(names)
+        gone = group.dead(names)
         if gone:  # e.g. a signal ended an idle engine: say so, instead of ipyparallel's KeyError
-            cluster._mark_stale(f"the cluster lost {', '.join(gone)}", gone)
+            group.mark_stale(f"the cluster lost {', '.join(gone)}", gone)
             raise ClusterError(f"{', '.join(gone)}: the engine process is gone (it exited or was killed "
                                f"before this run of {name})", gone, fix="call cluster.restart() for fresh engines")
-        cluster._oom_kills = limits.oom_kills()
-        client = cluster._engines.client
-        engines = client[[cluster._records[n].info.engine_id for n in names]]
+        group.watch_memory()
+        engines = group.view(names)
         result = engines.apply_async(_remote.call_with_sources, notebook_sources(), fn, *args, **kwargs)
         live.submitted(names)
         follower = OutputFollower(names, sink=live.line, quiet=cluster.options.tf_logs == "quiet")
@@ -146,34 +165,34 @@ class Run:
             while not result.wait(0.2):
                 follower.update(result)
                 live.follow(result, names)
-                dead = cluster._dead_tasks(names)
+                dead = group.dead(names)
                 if dead:
-                    cluster._mark_stale(f"the cluster lost {', '.join(dead)}", dead)
-                    oom = cluster._out_of_memory()
+                    group.mark_stale(f"the cluster lost {', '.join(dead)}", dead)
+                    oom = group.explain_exit()
                     for task in dead:
                         live.fail(task, oom or "its engine process exited")
                     # the others usually fail within a second (a collective's peer is gone): let their
                     # rows and output show it before raising
                     survivors = [msg for n, msg in zip(names, result.msg_ids) if n not in dead]
                     if survivors:
-                        client.wait(survivors, timeout=FAILED_PEERS_GRACE_SECONDS)
+                        engines.wait(survivors, timeout=FAILED_PEERS_GRACE_SECONDS)
                         follower.update(result)
                         live.follow(result, names)
                     raise WorkerError(dead[0], f"its engine process exited while running {name}"
-                                      f"{oom and ': ' + oom}{cluster._engines.log_tail(dead[0])}",
+                                      f"{oom and ': ' + oom}{group.log_tail(dead[0])}",
                                       failures={n: oom or "process exited" for n in dead})
                 if any(meta.get("status") == "error" for meta in _as_list(result.metadata)):
                     # one task failed; the others may be blocked in a collective waiting for it
                     if not result.wait(FAILED_PEERS_GRACE_SECONDS):
                         running = [n for n, meta in zip(names, _as_list(result.metadata))
                                    if meta.get("status") is None]
-                        cluster._mark_stale(f"{', '.join(running)} still running {name} after "
-                                            "another task failed", running)
-                        collect(result, names, cluster._out_of_memory, partial=True)
+                        group.mark_stale(f"{', '.join(running)} still running {name} after "
+                                         "another task failed", running)
+                        collect(result, names, group.explain_exit, partial=True)
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     running = [n for n, meta in zip(names, _as_list(result.metadata)) if meta.get("status") is None]
-                    cluster._mark_stale(f"a run of {name} timed out", running)
+                    group.mark_stale(f"a run of {name} timed out", running)
                     finished = [n for n in names if n not in running]
                     for task in running:
                         live.fail(task, f"still running after {timeout:g}s (timeout)")
@@ -191,7 +210,7 @@ class Run:
             live.follow(result, names)
             live.draw(final=True)
             cluster.output = follower.output()
-        return collect(result, names, cluster._out_of_memory)
+        return collect(result, names, group.explain_exit)
 
 
 def collect(result: Any, names: list[str], explain_exit: Callable[[], str], partial: bool = False) -> list:

@@ -27,8 +27,7 @@ from .tfconfig import PROGRESS_KEY as KEY
 
 log = logging.getLogger("kit.core.view")
 
-#: The states a task goes through, in the order the table's colours follow.
-STATES = ("starting", "ready", "running", "done", "failed", "restarting")
+#: The states a task goes through, in order, and the colour of each in the table.
 _COLOURS = {"starting": "#6c757d", "ready": "#6c757d", "running": "#0d6efd", "done": "#198754",
             "failed": "#dc3545", "restarting": "#fd7e14"}
 #: The text view prints a task's progress at most this often (seconds): enough to see it move,

@@ -2,7 +2,8 @@
 
 - :mod:`.cli`: the ``kit`` command.  :mod:`.experiments`: ``kit sweep`` (papermill), records.
 - :mod:`.results`, :mod:`.plots`: tables and figures.  :mod:`.bench`: ``make bench``.
-- :mod:`.fault_trials`: ``make faults``.  :mod:`.compat`: the Keras compatibility check.
+- :mod:`.link_bench`: ``kit bench --only links``.  :mod:`.fault_trials`: ``make faults``.
+- :mod:`.compat`: the Keras compatibility check.
 """
 
 from __future__ import annotations

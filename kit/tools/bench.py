@@ -1,7 +1,7 @@
 """The benchmark behind ``make bench``: distribution efficiency, start-up, recovery, memory, notebooks.
 
-Start-up is measured twice, in the cluster's private network (the default) and on the host's network
-(``isolation="none"``), so that the cost of keeping the tasks off the network is a figure too.
+Start-up (:mod:`kit.tools.launch_bench`): the time to a strategy ready in the cluster's private network and
+on the host's network, and the first training step beside a plain launch of the same training.
 
 Every figure is the median of ``repeats`` repetitions, interleaved (single process, two workers,
 single process, ...) so that a slow spell of the machine hits all variants alike. Results go to
@@ -33,6 +33,7 @@ GOALS = {
     "efficiency_512_tuned": (">=", 0.9), "efficiency_64_tuned": (">=", 0.6), "ready_s": ("<=", 10.0),
     "isolation_cost_s": ("<=", 1.0), "recovery_s": ("<=", 30.0), "pss_total_mb": ("<=", 2048.0), "uss_worker_mb": ("<=", 500.0),
     "notebook_max_s": ("<=", 120.0), "efficiency_64_fastest": (">=", 0.4),
+    "first_step_behind_plain_s": ("<=", 1.0),
 }
 #: Every variant the throughput section can measure, in the order of the table; "fastest" is the best
 #: two-worker one. Efficiency = a two-worker variant's examples/s ÷ the best single process's.
@@ -144,36 +145,6 @@ def measure_variant(variant: str, batch: int, epochs: int, steps: int, memory: b
     raise OptionError("variant", f"{variant!r} is unknown", f"use one of {', '.join(VARIANTS)}")
 
 
-def _ready_replicas() -> int:
-    """Build MultiWorkerMirroredStrategy and run its first all-reduce (a first step's communication);
-    return the replicas it summed over."""
-    from ..train.strategies import build_strategy
-
-    strategy = build_strategy("multi_worker_mirrored")
-    import tensorflow as tf
-
-    total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
-    return int(total)
-
-
-def time_to_ready(workers: int = 2, isolation: str = "auto") -> float:
-    """Seconds from entering TFCluster to a MultiWorkerMirroredStrategy constructed on every worker
-    and its first all-reduce done. ``isolation="none"``: the tasks on the host's network."""
-    import warnings
-
-    from ..core.cluster import TFCluster
-    from ..core.errors import ExposedPortsWarning
-
-    start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ExposedPortsWarning)  # asked for: the comparison needs it
-        with TFCluster(workers=workers, isolation=isolation) as cluster:
-            replicas = cluster.with_options(stream=False).run(_ready_replicas)
-            ready = time.perf_counter() - start
-    assert replicas == [workers] * workers
-    return ready
-
-
 def recovery_time(seed: int) -> float:
     """Seconds from a SIGKILL of worker:1 to the first training step after the resume."""
     from .fault_trials import kill_trial
@@ -210,7 +181,7 @@ def median_of(repeats: int, fn: Callable[[], float]) -> tuple[float, list[float]
     return statistics.median(values), values
 
 
-SECTIONS = ("throughput", "ready", "recovery", "notebooks", "links")
+SECTIONS = ("throughput", "ready", "launch", "recovery", "notebooks", "links")
 
 
 def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int = 2, steps: int = 30,
@@ -221,7 +192,7 @@ def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int
     ``save(report)`` is called after each section, so that a failure later on keeps what was measured.
     ``variants`` chooses what the throughput section measures (the Horovod ones are left out, with a
     note, where Horovod is not installed)."""
-    from ..core.cluster import _usable_cores
+    from ..core import limits
     from ..core.horovod import horovod_version
 
     unknown = [v for v in variants if v not in VARIANTS]
@@ -231,7 +202,7 @@ def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int
         log("Horovod is not installed here (make horovod): its variants are left out")
         variants = tuple(v for v in variants if "Horovod" not in v)
 
-    report: dict[str, Any] = {"machine": {"cores": _usable_cores(), "python": sys.version.split()[0]},
+    report: dict[str, Any] = {"machine": {"cores": limits.read().cores, "python": sys.version.split()[0]},
                               "repeats": repeats, "epochs": epochs, "steps_per_epoch": steps}
     efficiency = {}
     for batch in batches if "throughput" in sections else ():
@@ -260,17 +231,11 @@ def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int
                                                "process (the 'kernel') plus both workers"}
         report["throughput"] = efficiency
         save(report)
-    if "ready" in sections:
-        ready: dict[str, list[float]] = {"auto": [], "none": []}
-        for _ in range(repeats):  # interleaved
-            for isolation, samples in ready.items():
-                samples.append(time_to_ready(isolation=isolation))
-        report["ready_s"], report["ready_samples"] = statistics.median(ready["auto"]), ready["auto"]
-        report["ready_host_network_s"] = statistics.median(ready["none"])
-        report["ready_host_network_samples"] = ready["none"]
-        log(f"ready: {report['ready_s']:.1f}s in the private network, "
-            f"{report['ready_host_network_s']:.1f}s on the host's network")
-        save(report)
+    for name in ("ready", "launch"):  # start-up: kit.tools.launch_bench
+        if name in sections:
+            from . import launch_bench
+            getattr(launch_bench, f"{name}_section")(report, log, repeats)
+            save(report)
     if "recovery" in sections:
         counter = iter(range(repeats))
         report["recovery_s"], report["recovery_samples"] = median_of(repeats, lambda: recovery_time(next(counter)))
@@ -304,6 +269,8 @@ def check_goals(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for key in ("ready_s", "recovery_s"):
         if key in report:
             values[key] = report[key]
+    if "launch" in report:
+        values["first_step_behind_plain_s"] = report["launch"]["first_step_behind_plain_s"]
     if "ready_s" in report and "ready_host_network_s" in report:
         values["isolation_cost_s"] = report["ready_s"] - report["ready_host_network_s"]
     for key in ("pss_total_mb", "uss_worker_mb"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import re
 import shlex
 import shutil
 import sys
@@ -92,12 +94,10 @@ def export_lines(cluster: dict, task: str | None = None, strategy: str | None = 
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    import logging
-
     import papermill
 
-    if args.verbose:  # papermill echoes the notebook's output through logging
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from .experiments import ipc_kernels
+
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     output = out / f"01-single-vs-multi-worker_workers-{args.workers}.ipynb"
@@ -105,24 +105,70 @@ def cmd_demo(args: argparse.Namespace) -> int:
     parameters = {"N_WORKERS": args.workers, "PER_WORKER_BATCH": args.per_worker_batch,
                   "EPOCHS": args.epochs, "STEPS_PER_EPOCH": args.steps_per_epoch,
                   "OUT_DIR": str(out)}
-    print(f"kit demo: running {notebook} with {parameters} -> {output}", flush=True)
+    log_file = out / "demo.log"
+    shown = ", ".join(f"{k}={v}" for k, v in parameters.items() if k != "OUT_DIR")
+    print(f"kit demo: running {notebook.name} ({shown}); "
+          f"{'its output follows' if args.verbose else f'its whole log goes to {log_file}'}", flush=True)
+    # papermill logs every cell and its output: to the file, and to the terminal only with --verbose;
+    # the terminal gets one line per section of the lesson instead
+    papermill_log = logging.getLogger("papermill")
+    handlers = [logging.FileHandler(log_file, mode="w"), SectionEcho(notebook, prefix="kit demo: ")]
+    if args.verbose:
+        handlers.append(logging.StreamHandler(sys.stdout))
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        papermill_log.addHandler(handler)
+    papermill_log.setLevel(logging.INFO)
+    papermill_log.propagate = False
     try:
-        with text_in_kernels_started_here():
+        with text_in_kernels_started_here(), ipc_kernels() as kernels:
             # the kernel works in the output folder: the notebook reads nothing relative to its own
             # folder, and an installed kit's folder (site-packages) need not be writable
             papermill.execute_notebook(str(notebook), str(output), parameters=parameters,
                                        cwd=str(out), kernel_name="python3",
-                                       progress_bar=False, log_output=args.verbose)
+                                       progress_bar=False, log_output=True, **kernels)
     except papermill.PapermillExecutionError as e:
         print(f"kit demo: the notebook failed in cell {e.exec_count}: {e.ename}: {e.evalue}\n"
-              f"The partial notebook, with the error at the top, is at {output}", file=sys.stderr)
+              f"The partial notebook, with the error at the top, is at {output}; its log is {log_file}",
+              file=sys.stderr)
         return 1
+    finally:
+        for handler in handlers:
+            papermill_log.removeHandler(handler)
+            handler.close()
     from . import results
     summary = results.read_results(out / "demo-results.json")
+    print()
     print(format_table(summary["rows"]))
     print(f"\nworkers' losses agree: {summary['workers_agree']}")
-    print(f"notebook: {output}\nloss curves: {out / 'loss-curves.png'}")
+    print(f"notebook: {output}\nloss curves: {out / 'loss-curves.png'}\nlog: {log_file}")
     return 0 if summary["workers_agree"] else 1
+
+
+class SectionEcho(logging.Handler):
+    """Prints the heading of each section of ``notebook`` (its ``##`` markdown headings) when papermill
+    starts the section's first cell, with the seconds since the run began: a few lines of progress."""
+
+    def __init__(self, notebook: Path, prefix: str = ""):
+        import time
+
+        super().__init__()
+        self.prefix, self.started, self.clock = prefix, time.monotonic(), time.monotonic
+        self.sections: dict[int, str] = {}  # papermill's cell number (1-based, every cell) -> heading
+        heading = ""
+        for number, cell in enumerate(json.loads(notebook.read_text())["cells"], start=1):
+            for line in "".join(cell["source"]).splitlines() if cell["cell_type"] == "markdown" else []:
+                if line.startswith("## "):
+                    heading = line[3:].strip()
+            self.sections[number] = heading
+        self.shown = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = re.match(r"Executing Cell (\d+)", record.getMessage())
+        heading = self.sections.get(int(match.group(1)), "") if match else ""
+        if heading and heading != self.shown:
+            self.shown = heading
+            print(f"{self.prefix}{self.clock() - self.started:5.1f}s  {heading}", flush=True)
 
 
 def cmd_notebooks(args: argparse.Namespace) -> int:
@@ -221,7 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=3, help="epochs (default 3)")
     p.add_argument("--steps-per-epoch", type=int, default=70, help="steps per epoch (default 70)")
     p.add_argument("--out", default="out", help="output folder (default ./out)")
-    p.add_argument("--quiet", dest="verbose", action="store_false", help="do not echo the notebook's output")
+    p.add_argument("--verbose", action="store_true",
+                   help="echo every cell and its output (papermill's log; always written to OUT/demo.log)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("notebooks", help="copy the lessons (with their figures) to a folder",

@@ -21,12 +21,15 @@ recorded with the same parameters, is not run again: an interrupted sweep loses 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -237,6 +240,30 @@ def parse_grid_text(notebook: str | os.PathLike, pairs: Sequence[Sequence[str]])
 
 
 # ----- the sweep --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def ipc_kernels():
+    """Keyword arguments for ``papermill.execute_notebook`` whose kernel talks to it over unix sockets in
+    a private folder (0700, removed afterwards) instead of TCP on localhost: no other local user can
+    connect, and ipykernel prints no "Kernel is running over TCP without encryption" warning for
+    every run. The folder is under the temporary one: a socket's path must stay under 108 bytes."""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    folder = tempfile.mkdtemp(prefix="kit-kernel-")
+
+    class IPCKernelManager(AsyncKernelManager):
+        transport = "ipc"
+
+        @default("ip")
+        def _ip_default(self) -> str:  # the sockets' path prefix; ipykernel adds -1, -2, ...
+            return os.path.join(folder, "kernel")
+
+    try:
+        yield {"kernel_manager_class": IPCKernelManager}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def sweep(notebook: str | os.PathLike, grid: Mapping[str, Any] | Sequence[Mapping[str, Any]],
           out_dir: str | os.PathLike, resume: bool = True, *, parameters: Mapping[str, Any] | None = None,
           cwd: str | os.PathLike | None = None, kernel_name: str | None = None,
@@ -283,12 +310,12 @@ def sweep(notebook: str | os.PathLike, grid: Mapping[str, Any] | Sequence[Mappin
             started = time.perf_counter()
             error = None
             try:
-                with text_in_kernels_started_here():
+                with text_in_kernels_started_here(), ipc_kernels() as kernels:
                     papermill.execute_notebook(
                         str(source), str(output),
                         parameters={**run_parameters, **({RESULTS_PARAMETER: str(metrics_file)} if records else {})},
                         cwd=workdir, kernel_name=kernel_name, progress_bar=False, log_output=log_output,
-                        **engine_kwargs)
+                        **engine_kwargs, **kernels)
             except papermill.PapermillExecutionError as e:
                 error = f"cell {e.exec_count}: {e.ename}: {e.evalue}"
             except Exception as e:  # a dead kernel, a timeout: the point fails, the sweep goes on

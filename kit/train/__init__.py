@@ -5,9 +5,12 @@
   trains under (one per process).
 - :mod:`.progress`: progress reports for the live view (``callback``, ``Meter``).
 - :mod:`.probes`: what a task can observe (TensorFlow's log, devices, files, TensorBoard).
-- Recipes the benchmark, the tests and ``kit demo`` call: :mod:`.fit`, :mod:`.mirrored`,
+- Recipes the benchmark, the Keras check, the fault trials and the tests call: :mod:`.fit`, :mod:`.mirrored`,
   :mod:`.multiworker`, :mod:`.sharding`, :mod:`.custom_loop`, :mod:`.ps`, :mod:`.resilience`,
-  :mod:`.checkpoints`, :mod:`.scaling`, :mod:`.horovod_fit`. Notebooks hold their own code in cells.
+  :mod:`.checkpoints`, :mod:`.scaling`, :mod:`.horovod_fit`, :mod:`.batch_size`, :mod:`.gradient_noise`,
+  :mod:`.links`. Notebooks hold the lesson's code in cells and call pieces of some of these
+  (``mirrored``, ``sharding``, ``resilience``, ``scaling``, ``batch_size``, ``gradient_noise``, ``links``:
+  docs/architecture.md lists which notebook calls which).
 """
 
 from __future__ import annotations

@@ -2,14 +2,15 @@
 
 TensorFlow's distributed-training guide and its Keras tutorial assume GPUs. On a CPU-only machine
 :func:`split_cpu` splits the one physical CPU into logical devices, so that ``MirroredStrategy``
-has one replica per device; the rest of this module holds the guide's small pieces (its toy
-model, its learning-rate table, its MNIST model and learning-rate decay) and a timing helper.
+has one replica per device (:mod:`kit.train.strategies` calls it). The rest of this module holds the
+guide's small pieces (its toy model, learning-rate table, MNIST model and arrays, learning-rate decay),
+which tests/test_mirrored.py checks against the guide's numbers (notebook 02 writes its own in cells), and
+reading TensorFlow's log for how the gradients were reduced (:func:`reduction_summary`, notebook 02).
 """
 
 from __future__ import annotations
 
 import re
-import time
 from typing import Any, Callable
 
 import numpy as np
@@ -22,8 +23,6 @@ from .probes import captured_tf_log  # noqa: F401  (notebook 02 and kit.train.mu
 LEARNING_RATES_BY_BATCH_SIZE = {5: 0.1, 10: 0.15, 20: 0.175}
 #: Cross-device reductions MirroredStrategy accepts; "default" lets the strategy choose.
 CROSS_DEVICE_OPS = ("default", "HierarchicalCopyAllReduce", "ReductionToOneDevice", "NcclAllReduce")
-#: The Keras tutorial's shuffle buffer.
-BUFFER_SIZE = 10000
 
 
 def split_cpu(n: int) -> list:
@@ -111,17 +110,6 @@ def guide_mnist_arrays(train_examples: int = 60000, test_examples: int = 10000):
             (scale(x_test[:test_examples]), y_test[:test_examples].astype(np.int64)))
 
 
-def guide_mnist_datasets(global_batch: int, train_examples: int = 60000, test_examples: int = 10000,
-                         seed: int | None = None):
-    """The tutorial's pipelines: train ``cache().shuffle(BUFFER_SIZE).batch(global_batch)``, eval batched."""
-    tf = import_tensorflow()
-    (x_train, y_train), (x_test, y_test) = guide_mnist_arrays(train_examples, test_examples)
-    train = tf.data.Dataset.from_tensor_slices((x_train, y_train)).cache()
-    train = train.shuffle(BUFFER_SIZE, seed=seed).batch(global_batch)
-    test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(global_batch)
-    return train, test
-
-
 def make_cross_device_ops(name: str):
     """The ``cross_device_ops`` object for a name of :data:`CROSS_DEVICE_OPS` (None for "default")."""
     tf = import_tensorflow()
@@ -156,31 +144,3 @@ def reduction_summary(messages: list[str]) -> str:
             if match:
                 return template.format(match.group(1).rsplit("/", 1)[-1])
     return ""
-
-
-def time_training(strategy, steps: int, per_replica_batch: int = 64, seed: int = 42,
-                  learning_rate: float = 0.001) -> dict[str, Any]:
-    """Fit the kit's CNN for ``steps`` steps under ``strategy``; return losses and step times.
-
-    The global batch is ``per_replica_batch × strategy.num_replicas_in_sync``. ``step_seconds``
-    leaves out the first step (it traces the function). Errors (e.g. NcclAllReduce without GPUs)
-    propagate to the caller.
-    """
-    tf = import_tensorflow()
-    from . import data, models
-    from .probes import probe_callback
-
-    tf.keras.utils.set_random_seed(seed)
-    global_batch = per_replica_batch * strategy.num_replicas_in_sync
-    dataset = data.mnist_dataset(global_batch, shuffle_seed=seed)
-    with strategy.scope():
-        model = models.build_and_compile_cnn_model(learning_rate=learning_rate)
-    probe = probe_callback()
-    started = time.perf_counter()
-    history = model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[probe])
-    return {
-        "global_batch": global_batch,
-        "loss": float(history.history["loss"][-1]),
-        "step_seconds": probe.record["step_seconds"][1:],
-        "wall_seconds": time.perf_counter() - started,
-    }
