@@ -67,8 +67,8 @@ quick: $(STAMP)  ## the fast loop: pytest -m "not slow"
 # and the kit's processes inside, each notebook's peak working set and anonymous memory at most 90 % of
 # 2 GiB, 1,843 MiB) and prints each notebook's time and peak memory, and which processes held it at the
 # peak. Not root: plain runs, a notice, and the check skips saying why. Not every notebook gets 1 CPU: on
-# 2 cores that made the run of all of them 493 s instead of 335 s (all passed), too long for make test's
-# 20 minutes (README, Binder and conda).
+# 2 cores, `make binder` (all of them with 1 CPU) took 858 s where these two runs took 344 + 52 s, too long
+# for make test's 20 minutes (README, Binder and conda).
 BINDER_ONE_CPU := notebooks/07-parameter-server.ipynb
 NBVAL := $(BIN)/python -m pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider \
 	--ignore=notebooks/out --ignore=notebooks/00-tf-config-and-clusters.ipynb \

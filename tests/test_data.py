@@ -92,10 +92,10 @@ def test_images_are_held_once_per_process_in_a_variable():
 
     tf = import_tensorflow()
     data.mnist_dataset(64), data.mnist_dataset(128, shuffle_seed=3)
-    images, labels = data._resident_arrays(data.BUNDLED_MNIST, True)
+    images, labels = data.resident_arrays(data.BUNDLED_MNIST, True)
     assert isinstance(images, tf.Variable) and images.dtype == tf.uint8 and images.shape == (60000, 28, 28)
     assert isinstance(labels, tf.Variable) and labels.shape == (60000,)
-    assert data._resident_arrays(data.BUNDLED_MNIST, True)[0] is images  # both datasets use this one
+    assert data.resident_arrays(data.BUNDLED_MNIST, True)[0] is images  # both datasets use this one
 
 
 def test_inside_a_traced_function_or_a_strategy_scope_the_arrays_are_constants(tmp_path):
@@ -107,12 +107,12 @@ def test_inside_a_traced_function_or_a_strategy_scope_the_arrays_are_constants(t
 
     @tf.function
     def per_worker_dataset():  # as ParameterServerStrategy traces a dataset function
-        kinds.append(type(data._resident_arrays(path, True)[0]).__name__)
+        kinds.append(type(data.resident_arrays(path, True)[0]).__name__)
         return data.mnist_dataset(8, path=path)
 
     per_worker_dataset()
     with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():  # a variable here would be a mirrored one
-        kinds.append(type(data._resident_arrays(path, True)[0]).__name__)
+        kinds.append(type(data.resident_arrays(path, True)[0]).__name__)
     assert len(kinds) >= 2 and not any("Variable" in kind for kind in kinds)
 
 

@@ -323,7 +323,7 @@ class BinderCgroup:
                 continue  # already removed
         return found
 
-    def _names_this_group(self, proc_cgroup: str) -> bool:
+    def names_this_group(self, proc_cgroup: str) -> bool:
         """Whether a /proc/PID/cgroup text puts the process in this group for every controller that has it."""
         paths = [line.split(":", 2)[2] for line in proc_cgroup.splitlines() if line.count(":") >= 2]
         ours = [path for path in paths if path.rstrip("/").endswith("/" + self.name)]
@@ -476,7 +476,7 @@ class BinderCgroup:
                     cgroups = Path(f"/proc/{info['pid']}/cgroup").read_text().strip()
                 except FileNotFoundError:
                     continue  # exited meanwhile
-                if self._names_this_group(cgroups):
+                if self.names_this_group(cgroups):
                     continue  # started after the group's list was read: a child stays in its parent's group
                 sample.escaped[info["pid"]] = cgroups
         for kind, count in counts.items():
@@ -577,7 +577,7 @@ class JupyterServer:
             self.stop()
             raise
         self.facts["ready_seconds"] = round(time.monotonic() - started, 1)
-        self.facts["in_group"] = self.group._names_this_group(Path(f"/proc/{self.process.pid}/cgroup").read_text())
+        self.facts["in_group"] = self.group.names_this_group(Path(f"/proc/{self.process.pid}/cgroup").read_text())
         import psutil
 
         rss, shared = psutil.Process(self.process.pid).memory_info()[:3:2]

@@ -75,7 +75,8 @@ def load_mnist(path: str | os.PathLike | None = None):
     return (x_train, y_train), (x_test, y_test)
 
 
-def _scale(images, labels):
+def scale_batch(images, labels):
+    """A batch of MNIST as the models take it: images float32 in [0, 1], labels int64."""
     tf = _tf()
     return tf.cast(images, tf.float32) / 255.0, tf.cast(labels, tf.int64)
 
@@ -94,7 +95,7 @@ def mnist_dataset(global_batch_size: int, *, path: str | os.PathLike | None = No
     Images are cast to float32 in [0, 1] per batch, so only the uint8 copy lives in memory. What is
     shuffled is the example *indices* (the same permutation, so the same batches, as shuffling the
     examples), and each batch is gathered from the uint8 arrays held once per process (see
-    :func:`_resident_arrays`). ``train=False`` gives the test set (not shuffled, not repeated).
+    :func:`resident_arrays`). ``train=False`` gives the test set (not shuffled, not repeated).
     ``shard=(count, index)`` keeps every count-th example from the index-th (Horovod's sharding by rank:
     with one ``shuffle_seed`` on every rank, the ranks read disjoint examples).
     """
@@ -105,10 +106,10 @@ def mnist_dataset(global_batch_size: int, *, path: str | os.PathLike | None = No
         raise KitError(f"shard={shard!r}: it must be (count, index) with 0 <= index < count. "
                        "Fix: e.g. shard=(hvd.size(), hvd.rank())")
     tf = _tf()
-    images, labels = _resident_arrays(mnist_path(path), train)
+    images, labels = resident_arrays(mnist_path(path), train)
 
     def gather(indices):
-        return _scale(tf.gather(images, indices), tf.gather(labels, indices))
+        return scale_batch(tf.gather(images, indices), tf.gather(labels, indices))
 
     dataset = tf.data.Dataset.range(int(images.shape[0]))
     if not train:
@@ -124,7 +125,7 @@ def mnist_dataset(global_batch_size: int, *, path: str | os.PathLike | None = No
 _RESIDENT: dict[tuple[Path, bool], tuple] = {}
 
 
-def _resident_arrays(source: Path, train: bool) -> tuple:
+def resident_arrays(source: Path, train: bool) -> tuple:
     """MNIST's images and labels (uint8) as TensorFlow values, made once per process.
 
     Where it is safe they are local ``tf.Variable`` s: a dataset that captures a variable keeps a

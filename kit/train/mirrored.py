@@ -17,7 +17,7 @@ import numpy as np
 
 from ._tf import import_tensorflow
 from ..core.errors import KitError, OptionError
-from .probes import captured_tf_log  # noqa: F401  (notebook 02 and kit.train.multiworker use it from here)
+from .probes import captured_tf_log  # noqa: F401  (notebook 02 uses it from here)
 
 #: The guide's learning rate for each *global* batch size (per-replica batch 5 × 1, 2, 4 replicas).
 LEARNING_RATES_BY_BATCH_SIZE = {5: 0.1, 10: 0.15, 20: 0.175}

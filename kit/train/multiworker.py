@@ -4,10 +4,9 @@ Functions here run on every worker (``cluster.run(train_with_callbacks, ...)``) 
 that worker saw: its role, the learning rate and global batch it used, its losses and step times,
 which Keras callback hooks ran on it, where its TensorBoard and ModelCheckpoint callbacks wrote,
 and what happened when it saved and restored a ``tf.train.Checkpoint`` outside ``fit``
-(:func:`train_with_callbacks`); how many steps ``fit`` runs with and without ``.repeat()``
-(:func:`count_fit_steps`); and how long an all-reduce takes per collective implementation
-(:func:`time_all_reduce`). They share one strategy per process
-(:func:`kit.train.strategies.build_strategy`).
+(:func:`train_with_callbacks`, tests/test_multiworker.py). It shares one strategy per process
+(:func:`kit.train.strategies.build_strategy`). The all-reduce's timer is :func:`kit.train.links.time_all_reduce`
+(Horovod's: :func:`kit.train.horovod_fit.time_all_reduce`); notebook 03 times its own in a cell.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Any, Callable
 
 from . import progress
 from ._tf import import_tensorflow
-from .strategies import COMMUNICATIONS, build_strategy
+from .strategies import build_strategy
 from ..core.errors import first_line
 from ..core.tfconfig import this_task
 
@@ -122,87 +121,3 @@ def train_with_callbacks(model_dir: str, per_worker_batch: int = 64, epochs: int
         "restored_vs_trained": _max_difference(fresh.get_weights(), trained),
         "weights_checksum": float(sum(float(w.sum()) for w in trained)),
     }
-
-
-def count_fit_steps(per_worker_batch: int = 32, examples: int = 256, epochs: int = 2,
-                    steps_per_epoch: int = 6, repeat: bool = True, seed: int = 42) -> dict[str, Any]:
-    """Fit the kit's CNN on ``examples`` MNIST examples with ``steps_per_epoch``; count the steps run.
-
-    Without ``repeat`` the dataset holds ``ceil(examples / global batch)`` batches in total, so
-    once they are used up ``fit`` stops early; ``warnings`` holds TensorFlow's "Your input ran out
-    of data" messages.
-    """
-    tf = import_tensorflow()
-    from . import data, models
-    from .mirrored import captured_tf_log
-    from .probes import probe_callback
-
-    tf.keras.utils.set_random_seed(seed)
-    dist = build_strategy("multi_worker_mirrored")
-    global_batch = per_worker_batch * dist.num_replicas_in_sync
-    (x_train, y_train), _ = data.load_mnist()
-    dataset = tf.data.Dataset.from_tensor_slices((x_train[:examples], y_train[:examples]))
-    if repeat:
-        dataset = dataset.repeat()
-    dataset = dataset.batch(global_batch).map(
-        lambda images, labels: (tf.cast(images, tf.float32) / 255.0, tf.cast(labels, tf.int64)))
-    with dist.scope():
-        model = models.build_and_compile_cnn_model()
-    probe = probe_callback()
-    with captured_tf_log() as log:
-        model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=0, callbacks=[probe])
-    return {"task": this_task(), "repeat": repeat, "global_batch": global_batch,
-            "batches_available": None if repeat else -(-examples // global_batch),
-            "steps_per_epoch": probe.record["steps_per_epoch"], "epochs_run": probe.record["hooks"]["on_epoch_end"],
-            "warnings": [m.split(";")[0] for m in log if "ran out of data" in m]}
-
-
-def time_all_reduce(size: int | None = None, implementations: tuple[str, ...] = COMMUNICATIONS,
-                    repeats: int = 10) -> list[dict[str, Any]]:
-    """Time an all-reduce of ``size`` floats across the workers, once per collective implementation.
-
-    Uses this process's strategy (:func:`kit.train.strategies.build_strategy`) and passes the
-    implementation per call (``ReplicaContext.all_reduce(..., options=CommunicationOptions(implementation=...))``), so
-    no second strategy is needed. ``size`` defaults to the parameter count of the kit's CNN: one
-    step's gradients. The implementations take turns, ``repeats`` rounds after one warm-up call
-    each, so that a slow spell of a shared machine hits them alike. Each result holds the
-    implementation, the median milliseconds, the sum of the reduced tensor (to compare the
-    implementations) and the TensorFlow log lines that mention NCCL.
-    """
-    tf = import_tensorflow()
-    from . import models
-    from .mirrored import captured_tf_log
-
-    dist = build_strategy("multi_worker_mirrored")
-    if size is None:
-        size = models.build_and_compile_cnn_model().count_params()
-
-    def make_all_reduce(implementation: str):
-        options = tf.distribute.experimental.CommunicationOptions(
-            implementation=getattr(tf.distribute.experimental.CommunicationImplementation, implementation))
-
-        @tf.function
-        def all_reduce():
-            def replica_fn():
-                context = tf.distribute.get_replica_context()
-                value = tf.fill([size], tf.cast(context.replica_id_in_sync_group + 1, tf.float32))
-                return context.all_reduce(tf.distribute.ReduceOp.SUM, value, options=options)
-            return dist.experimental_local_results(dist.run(replica_fn))[0]
-        return all_reduce
-
-    functions = {name: make_all_reduce(name) for name in implementations}
-    logs: dict[str, list[str]] = {}
-    sums: dict[str, float] = {}
-    for name, function in functions.items():
-        with captured_tf_log() as log:
-            sums[name] = float(tf.reduce_sum(function()))  # warm-up: traces the function
-        logs[name] = [m for m in log if "NCCL" in m or "nccl" in m]
-    timings: dict[str, list[float]] = {name: [] for name in implementations}
-    for _ in range(repeats):
-        for name, function in functions.items():
-            started = time.perf_counter()
-            function().numpy()
-            timings[name].append(time.perf_counter() - started)
-    return [{"task": this_task(), "communication": name, "size": size,
-             "median_ms": 1000 * statistics.median(timings[name]), "sum": sums[name], "log": logs[name]}
-            for name in implementations]

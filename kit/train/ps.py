@@ -63,7 +63,7 @@ def mnist_dataset_fn(global_batch_size: int, examples: int = 8192, seed: int = 4
     (``seed + worker index``), so the workers see the data in different orders.
     """
     tf = import_tensorflow()
-    from .data import _scale, load_mnist
+    from .data import load_mnist, scale_batch
 
     (x_train, y_train), _ = load_mnist()
     # copies, not views: a view would keep all 60,000 images (47 MB) alive on the chief with the function
@@ -78,7 +78,7 @@ def mnist_dataset_fn(global_batch_size: int, examples: int = 8192, seed: int = 4
         dataset = tf.data.Dataset.from_tensor_slices((images, labels))
         dataset = dataset.shuffle(len(images), seed=seed + worker).repeat()
         dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-        return dataset.batch(batch).map(_scale).prefetch(2)
+        return dataset.batch(batch).map(scale_batch).prefetch(2)
 
     return dataset_fn
 
