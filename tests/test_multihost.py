@@ -84,8 +84,10 @@ def engines_in(hosts: Hosts, namespaces: list[str], tmp_path) -> ipp.Cluster:
     cluster = ipp.Cluster(n=0, profile_dir=str(tmp_path / "profile"), controller_ip=hosts.controller_ip,
                           controller_args=["--IPController.use_threads=True"], log_level=40)
     cluster.start_controller_sync()
+    tmpdir = tmp_path / "tmp"  # the engines' AutoGraph modules, which a killed engine leaves: in pytest's folder
+    tmpdir.mkdir(parents=True, exist_ok=True)
     for ns in namespaces:
-        cluster.start_engines_sync(n=1, engine_set_id=ns,
+        cluster.start_engines_sync(n=1, engine_set_id=ns, environment={"TMPDIR": str(tmpdir)},
                                    engine_cmd=["ip", "netns", "exec", ns, sys.executable, "-m", "ipyparallel.engine"])
     return cluster
 
