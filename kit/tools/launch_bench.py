@@ -62,19 +62,18 @@ def plain_main() -> None:
 
 def plain_launch(workers: int = 2, **kwargs: Any) -> list[dict[str, float]]:
     """``workers`` plain processes with TF_CONFIG on 127.0.0.1, in a private network namespace."""
-    from ..core import tfconfig
-    from ..core.limits import read
+    from ..core import roles, tfconfig
+    from ..core.options import ClusterOptions
     from ..core.plain import PlainProcesses
 
     ports = [tfconfig.free_port() for _ in range(workers)]  # free here; the new namespace has none in use
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    threads = str(max(1, read().cores // workers))
+    options = ClusterOptions(workers=workers)  # the environment the kit gives its tasks (threads, Keras, arenas)
     with PlainProcesses() as plain:
         launched = time.time()
         procs = [plain.popen(["kit.tools.launch_bench", "--worker"], stdout=subprocess.PIPE, text=True, env={
-            "TF_CONFIG": tfconfig.dumps(tfconfig.build(cluster, f"worker:{i}")), "TF_USE_LEGACY_KERAS": "1",
-            "TF_CPP_MIN_LOG_LEVEL": "2", "MALLOC_ARENA_MAX": "2", "TF_NUM_INTRAOP_THREADS": threads,
-            "TF_NUM_INTEROP_THREADS": str(max(2, int(threads))), "OMP_NUM_THREADS": threads,
+            **roles.task_environment(options, f"worker:{i}"),
+            "TF_CONFIG": tfconfig.dumps(tfconfig.build(cluster, f"worker:{i}")),
             "KIT_PROBE_ARGS": json.dumps(kwargs)}) for i in range(workers)]
         results = []
         for i, proc in enumerate(procs):
