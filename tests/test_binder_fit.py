@@ -50,9 +50,9 @@ RECORD_VAR = "KIT_BINDER_RECORD"
 #: What a notebook may use at its peak: Binder's 2 GiB less a 10 % margin (1,843 MiB).
 BUDGET = int(0.9 * 2 * GiB)
 #: Notebooks that still need more than BUDGET at their peak (under 2 GiB: no out-of-memory kill, checked
-#: above), with why. 07's parameter server keeps earlier runs' variables and its four tasks' nannies hold
-#: ~110 MiB: measured 1,821-1,933 MiB with the server inside (README, Binder and conda).
-MARGIN_NOT_YET = {"07-parameter-server.ipynb": "four TensorFlow tasks on 1 CPU: 1,821-1,933 MiB at the peak"}
+#: above), with why. None since the engines run without ipyparallel's nanny: 07 (four TensorFlow tasks on
+#: 1 CPU) was at 1,821-1,933 MiB with four nannies, 1,749 MiB without (docs/performance.md, change 17).
+MARGIN_NOT_YET: dict[str, str] = {}
 
 
 def cgroups_or_skip() -> None:

@@ -66,6 +66,7 @@ def set_environment(values: dict[str, str]) -> dict[str, Any]:
         raise ClusterError(f"TensorFlow was imported as this engine started (preload), so {', '.join(late)} "
                            "would not take effect any more",
                            fix="start the cluster with preload=False to set them after the engines start")
+    close_probe()  # every task has reached this one's port (kit.core.roles.check_reachability)
     os.environ.update(values)
     from .tfdata_wakeup import install
 

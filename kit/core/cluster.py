@@ -283,9 +283,9 @@ class TFCluster:
         configs = roles.build_configs(list(reports), ports, hosts)
         roles.check_reachability(client, reports, configs)
         per_host = {h: list(hosts.values()).count(h) for h in hosts.values()}
-        for name, rep in reports.items():
-            env = roles.task_environment(self.options, name, rep["cores"], per_host[hosts[name]])
-            reports[name] = roles.set_environment(client, name, rep, env, configs[name])
+        envs = {name: roles.task_environment(self.options, name, rep["cores"], per_host[hosts[name]])
+                for name, rep in reports.items()}
+        reports = roles.set_environments(client, reports, envs, configs)
         client[[r["engine_id"] for r in reports.values()]].use_cloudpickle()
         records = {name: TaskRecord(roles.task_info(name, reports[name], configs[name], engines.isolated),
                                     configs[name], client[reports[name]["engine_id"]]) for name in self.task_names}

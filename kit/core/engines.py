@@ -30,6 +30,7 @@ import ipyparallel as ipp
 import psutil
 
 from . import _lifeline, _netns, _remote, links, workdir
+from .roles import on_each
 from .errors import ClusterError
 from .options import ClusterOptions, engine_set_id
 
@@ -131,6 +132,11 @@ class LocalEngines(Engines):
                 environment={"TMPDIR": tmpdir, **environments[name], _lifeline.LIFELINE_VAR: lifeline,
                              **networks[name], **preload},
                 engine_cmd=[sys.executable, "-m", "kit.core._boot", "ipyparallel.engine"],
+                # no nanny: ipyparallel starts it as one more Python process while the engine registers,
+                # and waits for it; the kit signals its own engines and watches their processes itself
+                # (docs/performance.md, change 17)
+                engine_args=["--IPEngine.enable_nanny=False",
+                             f"--IPEngine.wait_for_url_file={self.options.start_timeout:g}"],
             )
         if self.client is None:
             self.client = self.ipp.connect_client_sync()
@@ -203,6 +209,10 @@ class LocalEngines(Engines):
             # ipyparallel warns, with the engine's whole log, about every engine that exits with a
             # signal; the kit kills engines on purpose (restart) and reports real failures itself
             log_level=logging.ERROR,
+            # the engines start at once, beside the controller, and read its connection file when it is
+            # there (IPEngine.wait_for_url_file) instead of being started only once it is: they import
+            # TensorFlow meanwhile (docs/performance.md, change 17)
+            send_engines_connection_env=False,
         )
         self.ipp.start_controller_sync(
             controller_cmd=[sys.executable, "-m", "kit.core._boot", "kit.core._controller"],
@@ -259,10 +269,7 @@ class LocalEngines(Engines):
                 break
             wait_for_one_more_engine(self.client)  # then check processes and deadline
             new_ids = new_engine_ids(self.client, self.retired_ids)
-        reports = {}
-        for engine_id in new_ids:
-            rep = engine_report(self.client, engine_id)
-            reports[rep["task"]] = rep
+        reports = {rep["task"]: rep for rep in engine_reports(self.client, new_ids)}
         missing = [n for n in names if n not in reports]
         if missing:
             raise ClusterError(f"{', '.join(missing)} did not come up within "
@@ -358,4 +365,10 @@ def reap(pids: list[int], timeout: float = 10.0) -> None:
 
 def engine_report(client: ipp.Client, engine_id: int) -> dict[str, Any]:
     """Engine ``engine_id``'s :func:`kit.core._remote.report`, with its id."""
-    return {**client[engine_id].apply_sync(_remote.report), "engine_id": engine_id}
+    return engine_reports(client, [engine_id])[0]
+
+
+def engine_reports(client: ipp.Client, engine_ids: list[int]) -> list[dict[str, Any]]:
+    """Each engine's :func:`kit.core._remote.report`, with its id, asked of all at once (one round trip)."""
+    found = on_each(client, {str(i): i for i in engine_ids}, _remote.report)
+    return [{**found[str(i)], "engine_id": i} for i in engine_ids]

@@ -11,6 +11,7 @@ and check what the engine reports back. The functions run in the kernel; they ca
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 import ipyparallel as ipp
@@ -21,6 +22,9 @@ from .options import KERAS_CHOICES, ClusterOptions, TaskInfo
 
 #: How often a port taken since it was picked is picked again before start-up gives up.
 PORT_TRIES = 3
+#: The longest one start-up round (a call on every engine at once) may take, in seconds: an engine
+#: importing TensorFlow in the background answers within a second or two (docs/performance.md, change 17).
+ROUND_TIMEOUT = 60.0
 
 
 def check_engines(reports: dict[str, dict], keras: str) -> None:
@@ -37,17 +41,45 @@ def check_engines(reports: dict[str, dict], keras: str) -> None:
                                lacking, fix="pip install tf-keras (same minor version as tensorflow)")
 
 
+def on_each(client: ipp.Client, engine_ids: dict[str, int], fn: Callable, args: dict[str, tuple] | None = None,
+            timeout: float | None = None) -> dict[str, Any]:
+    """``fn(*args[name])`` on every task's engine at once; the results by task name.
+
+    One round trip for all tasks instead of one per task: while a local engine imports TensorFlow in the
+    background (``ClusterOptions.preload``) each round trip waits for the engine's turn at the GIL, so the
+    rounds, not the tasks, are what start-up pays for (docs/performance.md, change 17).
+    """
+    timeout = ROUND_TIMEOUT if timeout is None else timeout
+    args = args or {}
+    pending = {name: client[engine_id].apply_async(fn, *args.get(name, ())) for name, engine_id in engine_ids.items()}
+    deadline = time.monotonic() + timeout
+    results, late = {}, []
+    for name, result in pending.items():
+        try:
+            results[name] = result.get(timeout=max(0.0, deadline - time.monotonic()))
+        except ipp.error.TimeoutError:
+            late.append(name)
+    if late:
+        raise ClusterError(f"{', '.join(late)} did not answer {getattr(fn, '__name__', fn)} within {timeout:g}s "
+                           "during start-up", late,
+                           fix="see the task's engine log (a busy or stopped engine), then start the cluster again")
+    return results
+
+
+def _ids(reports: dict[str, dict], names=None) -> dict[str, int]:
+    return {n: reports[n]["engine_id"] for n in (reports if names is None else names)}
+
+
 def pick_ports(client: ipp.Client, reports: dict[str, dict], host_of: Callable[[dict], str]) -> dict[str, int]:
     """A free port for each training task, picked on its own engine, none twice on one host."""
+    servers = [n for n in reports if not n.startswith("evaluator")]  # the evaluator runs no server
+    picked = on_each(client, _ids(reports, servers), _remote.free_port)
     ports: dict[str, int] = {}
     taken: set[tuple[str, int]] = set()
-    for name, rep in reports.items():
-        if name.startswith("evaluator"):
-            continue  # the evaluator runs no server
-        host = host_of(rep)
-        port = client[rep["engine_id"]].apply_sync(_remote.free_port)
-        while (host, port) in taken:
-            port = client[rep["engine_id"]].apply_sync(_remote.free_port)
+    for name in servers:
+        host, port = host_of(reports[name]), picked[name]
+        while (host, port) in taken:  # two tasks of one host drew the same port: draw again
+            port = client[reports[name]["engine_id"]].apply_sync(_remote.free_port)
         taken.add((host, port))
         ports[name] = port
     return ports
@@ -56,10 +88,11 @@ def pick_ports(client: ipp.Client, reports: dict[str, dict], host_of: Callable[[
 def open_ports(client: ipp.Client, reports: dict[str, dict], ports: dict[str, int], hosts: dict[str, str],
                log: logging.Logger) -> dict[str, int]:
     """Listen on each task's port on its engine (the proof that it is free there, until
-    :func:`check_reachability` closes it); a port taken since it was picked is picked again."""
+    :func:`set_environments` closes it); a port taken since it was picked is picked again."""
     ports, pending = dict(ports), list(ports)
     for _ in range(PORT_TRIES):
-        taken = [n for n in pending if not client[reports[n]["engine_id"]].apply_sync(_remote.open_probe, ports[n])]
+        opened = on_each(client, _ids(reports, pending), _remote.open_probe, {n: (ports[n],) for n in pending})
+        taken = [n for n in pending if not opened[n]]
         if not taken:
             return ports
         log.warning("ports taken since they were picked: %s; picking new ones", taken)
@@ -78,28 +111,35 @@ def open_ports(client: ipp.Client, reports: dict[str, dict], ports: dict[str, in
 
 
 def check_reachability(client: ipp.Client, reports: dict[str, dict], configs: dict[str, dict]) -> None:
-    """Every task connects to every training task's address (open: :func:`open_ports`); then close them."""
+    """Every task connects to every training task's address (open: :func:`open_ports`). The listening
+    probes stay open for :func:`set_environments`, which closes them, unless a task cannot reach another."""
     addresses = {n: address(configs[n]) for n in reports if address(configs[n])}
-    problems = []
     try:
-        for name, rep in reports.items():
-            others = {n: a for n, a in addresses.items() if n != name}
-            for target, reason in client[rep["engine_id"]].apply_sync(_remote.probe, others).items():
-                problems.append((name, target, reason))
-    finally:
+        failed = on_each(client, _ids(reports), _remote.probe,
+                         {name: ({n: a for n, a in addresses.items() if n != name},) for name in reports})
+    except BaseException:
         _close_probes(client, reports)
+        raise
+    problems = [(name, target, reason) for name in reports for target, reason in failed[name].items()]
     if problems:
+        _close_probes(client, reports)
         lines = "; ".join(f"{src} cannot reach {dst} at {why}" for src, dst, why in problems)
         raise ClusterError(f"{lines}. Fix: let the engines' hosts reach each other on these "
                            "addresses (routes, firewall), or start the engines on hosts that can",
                            sorted({p[0] for p in problems}))
 
 
-def set_environment(client: ipp.Client, name: str, report: dict, env: dict[str, str],
-                    config: dict) -> dict[str, Any]:
-    """Set task ``name``'s environment and TF_CONFIG on its engine; return the engine's new report, checked."""
-    now = client[report["engine_id"]].apply_sync(_remote.set_environment,
-                                                 {**env, "TF_CONFIG": tfconfig.dumps(config)})
+def set_environments(client: ipp.Client, reports: dict[str, dict], envs: dict[str, dict[str, str]],
+                     configs: dict[str, dict]) -> dict[str, dict[str, Any]]:
+    """Set every task's environment and TF_CONFIG on its engine (closing its port probe first); return
+    each engine's new report, checked."""
+    now = on_each(client, _ids(reports), _remote.set_environment,
+                  {n: ({**envs[n], "TF_CONFIG": tfconfig.dumps(configs[n])},) for n in reports})
+    return {name: _checked(name, reports[name], now[name], configs[name]) for name in reports}
+
+
+def _checked(name: str, report: dict, now: dict, config: dict) -> dict[str, Any]:
+    """The report of task ``name``'s engine after :func:`set_environments`, refused if it did not take."""
     if now["tf_config"] is None or tfconfig.loads(now["tf_config"]) != config:
         raise ClusterError(f"{name} reports TF_CONFIG {now['tf_config']!r}, not the one it was "
                            f"given ({tfconfig.dumps(config)})", [name],
@@ -114,7 +154,7 @@ def set_environment(client: ipp.Client, name: str, report: dict, env: dict[str, 
 
 def task_environment(options: ClusterOptions, name: str, cores: int | None = None,
                      tasks_here: int | None = None) -> dict[str, str]:
-    """Task ``name``'s environment, less TF_CONFIG (:func:`set_environment` sets it with the port).
+    """Task ``name``'s environment, less TF_CONFIG (:func:`set_environments` sets it with the port).
 
     Threads: ``options.threads``, else the ``cores`` of its engine's host (default: this process's usable
     cores, :func:`kit.core.limits.read`) shared by the ``tasks_here`` on that host (default: every task).

@@ -9,7 +9,8 @@ The same training (the seeds' MNIST example, :func:`kit.train.fit.train_mnist`: 
 - *kit*: ``with kit.TFCluster(workers=...) as cluster: cluster.run(train_mnist)``.
 
 Each run reports, per worker, seconds from the launch (the ``Popen`` calls; entering ``TFCluster``)
-to TensorFlow imported, to the end of the first training step, and to the last one. The goal
+to TensorFlow imported (with tf-keras, on the kit's preloading engines), to the strategy built (the
+workers have met), to the model compiled, to the end of the first training step, and to the last one. The goal
 (docs/performance.md): the kit's first step within 1 s of the plain launch's.
 """
 
@@ -26,7 +27,7 @@ from typing import Any, Callable
 from ..core.errors import KitError
 
 #: What the probe records on each worker, in order.
-MARKS = ("imported", "first_step", "last_step", "returned")
+MARKS = ("imported", "strategy", "model", "first_step", "last_step", "returned")
 
 
 def probe(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: int = 70, seed: int = 42) -> dict[str, Any]:
@@ -41,9 +42,11 @@ def probe(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: int = 70
 
     tf.keras.utils.set_random_seed(seed)
     strategy = build_strategy("multi_worker_mirrored")
+    marks["strategy"] = time.time()
     dataset = data.mnist_dataset(per_worker_batch * strategy.num_replicas_in_sync, shuffle_seed=seed)
     with strategy.scope():
         model = models.build_and_compile_cnn_model()
+    marks["model"] = time.time()
 
     class Marks(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
