@@ -1,11 +1,16 @@
 """Write notebooks/README.md, the index of the numbered notebooks, from their first cells.
 
+Below the index, a table of what each notebook shows a learner (counted by tools/reading.py) and how long it
+ran in Binder's limits: the seconds come from notebooks/run-seconds.json, which ``--seconds-from`` refreshes
+from the JUnit XML of a ``make binder`` run (every notebook in 2 GiB and 1 CPU with the Jupyter server inside).
+
 Each notebook's first cell is markdown: a title line ``# NN · Title`` and, after it, a first
 paragraph saying what the notebook does. The index lists every ``notebooks/NN-*.ipynb`` in order,
 one line each, plus the notebooks the curriculum plans that do not exist yet.
 
     python tools/make_index.py           # rewrite notebooks/README.md
     python tools/make_index.py --check   # exit 1 if notebooks/README.md is out of date
+    python tools/make_index.py --seconds-from out/binder.xml   # new run times, then rewrite
 """
 
 from __future__ import annotations
@@ -14,11 +19,17 @@ import argparse
 import json
 import re
 import sys
+import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
 INDEX = NOTEBOOKS / "README.md"
+SECONDS = NOTEBOOKS / "run-seconds.json"
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reading  # noqa: E402  (tools/reading.py, beside this file)
 
 #: Notebooks of the curriculum (issue 3) that may not exist yet: file stem → title.
 PLANNED = {
@@ -112,15 +123,60 @@ GLOSSARY = """
 """
 
 
-def render(notebooks_dir: Path = NOTEBOOKS) -> str:
-    """The whole text of notebooks/README.md: the table of notebooks, then the glossary."""
-    return HEADER + "\n".join(rows(notebooks_dir)) + "\n" + GLOSSARY
+READING = """
+## What each notebook shows, and how long it runs
+
+Counted by tools/reading.py at the notebooks' defaults: the code lines a learner sees (code cells whose
+input is not collapsed), how many of them touch TensorFlow (`tf.`, a strategy, a model, Keras, `hvd.`), the
+`assert` lines among them, the checks in all (the collapsed cells tagged `check` hold the rest: each proves a
+claim of the text and prints one line of what it confirmed), and the longest visible cell. Minutes: one run
+of every notebook in Binder's limits (2 GiB, 1 CPU, the Jupyter server inside; `make binder`). The reading
+targets for each numbered notebook: at most 200 code lines and 5 asserts shown, no visible cell over 25 lines.
+
+| # | code lines shown | TensorFlow lines | asserts shown | checks | longest cell | minutes on Binder |
+|---|---|---|---|---|---|---|
+"""
+
+
+def seconds_from_junit(path: Path) -> dict[str, float]:
+    """Seconds per notebook stem in a pytest/nbval JUnit XML file (the sum of its cells' times)."""
+    seconds: Counter = Counter()
+    for case in ET.parse(path).iter("testcase"):
+        name = case.get("classname", "").rpartition(".ipynb")[0].rpartition(".")[2]
+        if name[:2].isdigit():
+            seconds[name] += float(case.get("time", 0))
+    return {name: round(value, 1) for name, value in sorted(seconds.items())}
+
+
+def reading_rows(notebooks_dir: Path = NOTEBOOKS, seconds_file: Path = SECONDS) -> list[str]:
+    seconds = json.loads(seconds_file.read_text()) if seconds_file.exists() else {}
+    lines = []
+    for path in reading.numbered(notebooks_dir):
+        c = reading.counts(path)
+        minutes = f"{seconds[path.stem] / 60:.1f}" if path.stem in seconds else "not measured"
+        lines.append(f"| {path.stem[:2]} | {c['code_lines']} | {c['tensorflow_lines']} | {c['visible_asserts']} | "
+                     f"{c['checks']} | {c['longest_cell']} | {minutes} |")
+    return lines
+
+
+def render(notebooks_dir: Path = NOTEBOOKS, seconds_file: Path = SECONDS) -> str:
+    """The whole text of notebooks/README.md: the table of notebooks, what each shows, the glossary."""
+    return (HEADER + "\n".join(rows(notebooks_dir)) + "\n" + READING
+            + "\n".join(reading_rows(notebooks_dir, seconds_file)) + "\n" + GLOSSARY)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the index is out of date")
+    parser.add_argument("--seconds-from", type=Path, metavar="JUNIT_XML",
+                        help="record each notebook's run time from this JUnit XML (make binder's out/binder.xml)")
     args = parser.parse_args(argv)
+    if args.seconds_from:
+        measured = seconds_from_junit(args.seconds_from)
+        if not measured:
+            print(f"{args.seconds_from} has no numbered notebook's cells", file=sys.stderr)
+            return 1
+        SECONDS.write_text(json.dumps(measured, indent=1) + "\n")
     text = render()
     if args.check:
         if not INDEX.exists() or INDEX.read_text() != text:
