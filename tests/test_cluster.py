@@ -95,6 +95,26 @@ def test_each_engine_has_its_tf_config_and_environment_before_tensorflow(two_wor
 
 
 @pytest.mark.slow  # the shared cluster (2.8 s to start)
+def test_a_start_up_round_asks_every_engine_at_once_and_names_the_one_that_is_late(two_workers):
+    def answer(seconds):
+        import os
+        import time
+        time.sleep(seconds)
+        return os.environ["KIT_TASK"]
+
+    ids = {t.name: t.engine_id for t in two_workers.tasks}
+    client = two_workers.engines.client
+    started = time.monotonic()
+    assert roles.on_each(client, ids, answer, {"worker:0": (0.6,), "worker:1": (0.6,)}) == \
+        {"worker:0": "worker:0", "worker:1": "worker:1"}
+    assert time.monotonic() - started < 1.1  # both at once, not one after the other
+    with pytest.raises(ClusterError) as info:
+        roles.on_each(client, ids, answer, {"worker:0": (0.0,), "worker:1": (1.5,)}, timeout=0.5)
+    assert info.value.tasks == ["worker:1"] and "answer" in str(info.value) and "0.5s" in str(info.value)
+    client[ids["worker:1"]].apply_sync(answer, 0.0)  # the late call has ended: the engine is free again
+
+
+@pytest.mark.slow  # the shared cluster (2.8 s to start)
 def test_run_returns_results_in_task_order_with_args(two_workers):
     def scaled(x, factor=1):
         import os
