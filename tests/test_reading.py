@@ -4,7 +4,10 @@ import ast
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -90,3 +93,45 @@ def test_no_check_is_left_in_view_that_the_tool_would_collapse():
         before = json.dumps(nb["cells"])
         reading.hide_checks(nb)
         assert json.dumps(nb["cells"]) == before, f"{path.name}: run python tools/reading.py --hide-checks"
+
+
+def _boot_processes() -> set[int]:
+    import psutil
+
+    found = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        if "kit.core._boot" in " ".join(proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
+            found.add(proc.pid)
+    return found
+
+
+@pytest.mark.slow  # notebook 04 up to its first check: a cluster and one step, ~15 s
+def test_a_collapsed_check_runs_and_a_broken_claim_fails_the_notebook(tmp_path):
+    """The checks are alive: notebook 04 with its first (collapsed) check negated fails there, under papermill
+    as under nbval, and the cluster the notebook started goes with its kernel."""
+    import papermill
+
+    from kit.tools.experiments import ipc_kernels
+
+    nb = json.loads((REPO / "notebooks" / "04-dataset-sharding.ipynb").read_text())
+    first = next(c for c in nb["cells"] if reading.CHECK_TAG in c["metadata"].get("tags", []))
+    assert reading.is_hidden(first)
+    tree = ast.parse(reading.source(first))
+    claim = next(node for node in tree.body if isinstance(node, ast.Assert))
+    claim.test = ast.UnaryOp(op=ast.Not(), operand=claim.test)  # the premise, broken
+    first["source"] = ast.unparse(tree)
+    broken, executed = tmp_path / "04-broken.ipynb", tmp_path / "04-executed.ipynb"
+    broken.write_text(json.dumps(nb))
+    before = _boot_processes()
+    with ipc_kernels() as kernels, pytest.raises(papermill.PapermillExecutionError) as info:
+        papermill.execute_notebook(str(broken), str(executed), parameters={"OUT_DIR": str(tmp_path / "out")},
+                                   cwd=str(REPO / "notebooks"), kernel_name="python3", progress_bar=False,
+                                   **kernels)
+    assert info.value.ename == "AssertionError"
+    failed = [c for c in json.loads(executed.read_text())["cells"]
+              if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+    assert len(failed) == 1 and reading.CHECK_TAG in failed[0]["metadata"]["tags"]
+    deadline = time.monotonic() + 20
+    while _boot_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _boot_processes() - before, "the notebook's cluster outlived its kernel"
