@@ -305,6 +305,9 @@ CELLS_JS = """() => {
         tags: cell.model.getMetadata('tags') || [],
         source: cell.model.sharedModel.getSource().split('\\n')[0].slice(0, 80),
         errors: outputs.filter(o => o.output_type === 'error').map(o => `${o.ename}: ${o.evalue}`),
+        input_hidden: cell.inputHidden,
+        stdout: outputs.filter(o => o.output_type === 'stream' && o.name === 'stdout')
+          .map(o => Array.isArray(o.text) ? o.text.join('') : o.text).join('').slice(0, 500),
         stderr: Array.from(node.querySelectorAll(
             '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'))
           .map(el => ({text: text(el).slice(0, 3000), in_widget: el.closest('.jupyter-widgets') !== null})),
@@ -494,6 +497,20 @@ def shut_down_kernel(lab: Lab, name: str) -> list[str]:
     return left
 
 
+def check_cell_problems(cells: list[dict]) -> list[str]:
+    """The notebook's checks (cells tagged ``check``, tools/reading.py) as a learner meets them: the input
+    collapsed, and one printed line of what was confirmed in view."""
+    problems = []
+    for cell in cells:
+        if "check" not in cell["tags"]:
+            continue
+        if not cell["input_hidden"]:
+            problems.append(f"cell {cell['index']} ({cell['source']!r}) is a check whose input is not collapsed")
+        if not cell["stdout"].strip():
+            problems.append(f"cell {cell['index']} ({cell['source']!r}) is a check that printed nothing")
+    return problems
+
+
 # ----- the test -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", NOTEBOOKS, ids=lambda name: name[:2])
@@ -529,6 +546,8 @@ def test_browser_runs_notebook_in_jupyterlab(name: str, lab: Lab, browser: Any) 
         wait_in_page(page, IMAGES_LOADED_JS, f"the images of {name} to load", SETTLE_S)
         cells = page.evaluate(CELLS_JS)
         problems, record["stderr_notes"] = problems_in(name, cells)
+        problems += check_cell_problems(cells)
+        record["checks_shown"] = [cell["stdout"].strip() for cell in cells if "check" in cell["tags"]]
         record["problems"] = problems
         record["live_view"] = [[cell["index"], view["title"], view["rows"]] for cell in cells for view in cell["views"]]
     assert not leftovers, f"kit processes outlived the kernel of {name} (killed now): {leftovers}"
