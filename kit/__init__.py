@@ -26,10 +26,11 @@ from .core.errors import (ClusterError, ExposedPortsWarning, FailuresExhaustedEr
 __version__ = "0.1.0"
 __all__ = ["TFCluster", "HorovodCluster", "ClusterOptions", "RunOptions", "TaskInfo", "Link", "KitError", "TFConfigError",
            "ClusterError", "OptionError", "WorkerError", "FailuresExhaustedError", "GridError",
-           "ExposedPortsWarning", "MemoryLimitWarning", "core", "train", "tools"]
+           "ExposedPortsWarning", "MemoryLimitWarning", "launch", "free_ports", "core", "train", "tools"]
 
 _LAZY = {"TFCluster": "core.cluster", "HorovodCluster": "core.horovod", "ClusterOptions": "core.options",
-         "RunOptions": "core.options", "TaskInfo": "core.options", "Link": "core.links"}
+         "RunOptions": "core.options", "TaskInfo": "core.options", "Link": "core.links",
+         "launch": "core.plain", "free_ports": "core.plain"}
 _SUBPACKAGES = {"core", "train", "tools"}
 
 

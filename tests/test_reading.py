@@ -95,18 +95,23 @@ def test_no_check_is_left_in_view_that_the_tool_would_collapse():
         assert json.dumps(nb["cells"]) == before, f"{path.name}: run python tools/reading.py --hide-checks"
 
 
-def _boot_processes() -> set[int]:
+def _marked_processes(mark: str) -> set[int]:
+    """The live processes whose environment carries ``KIT_TEST_MARK=mark`` (what this test's kernel started,
+    not what other runs on the machine did)."""
     import psutil
 
     found = set()
-    for proc in psutil.process_iter(["cmdline"]):
-        if "kit.core._boot" in " ".join(proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
-            found.add(proc.pid)
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("KIT_TEST_MARK") == mark and proc.status() != psutil.STATUS_ZOMBIE:
+                found.add(proc.pid)
+        except psutil.Error:
+            continue  # gone, or not ours to read
     return found
 
 
 @pytest.mark.slow  # notebook 04 up to its first check: a cluster and one step, ~15 s
-def test_a_collapsed_check_runs_and_a_broken_claim_fails_the_notebook(tmp_path):
+def test_a_collapsed_check_runs_and_a_broken_claim_fails_the_notebook(tmp_path, monkeypatch):
     """The checks are alive: notebook 04 with its first (collapsed) check negated fails there, under papermill
     as under nbval, and the cluster the notebook started goes with its kernel."""
     import papermill
@@ -122,7 +127,8 @@ def test_a_collapsed_check_runs_and_a_broken_claim_fails_the_notebook(tmp_path):
     first["source"] = ast.unparse(tree)
     broken, executed = tmp_path / "04-broken.ipynb", tmp_path / "04-executed.ipynb"
     broken.write_text(json.dumps(nb))
-    before = _boot_processes()
+    mark = tmp_path.name
+    monkeypatch.setenv("KIT_TEST_MARK", mark)  # the kernel inherits it, and the engines it starts
     with ipc_kernels() as kernels, pytest.raises(papermill.PapermillExecutionError) as info:
         papermill.execute_notebook(str(broken), str(executed), parameters={"OUT_DIR": str(tmp_path / "out")},
                                    cwd=str(REPO / "notebooks"), kernel_name="python3", progress_bar=False,
@@ -132,6 +138,6 @@ def test_a_collapsed_check_runs_and_a_broken_claim_fails_the_notebook(tmp_path):
               if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
     assert len(failed) == 1 and reading.CHECK_TAG in failed[0]["metadata"]["tags"]
     deadline = time.monotonic() + 20
-    while _boot_processes() - before and time.monotonic() < deadline:
+    while _marked_processes(mark) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _boot_processes() - before, "the notebook's cluster outlived its kernel"
+    assert not _marked_processes(mark), "the notebook's kernel or cluster outlived the run"

@@ -57,3 +57,97 @@ class PlainProcesses:
         if self.network is not None:
             self.network.stop()
             self.network = None
+
+
+# ----- plain processes from a lesson's cell: kit.launch ---------------------------------------------
+def free_ports(count: int) -> list[int]:
+    """``count`` different TCP ports that are free here now (run it where the processes will listen: on an
+    engine, for ports in the cluster's private network)."""
+    import socket
+
+    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def launch(commands: list[str], workdir: str, wait_seconds: float, ready: str = "",
+           env: dict[str, str] | None = None, hold_port: int | None = None,
+           start_seconds: float = 180) -> list[dict[str, Any]]:
+    """Run each shell command as its own process, as a tutorial's ``%%bash --bg`` does, and wait, bounded.
+
+    Each command runs under ``bash -c`` in ``workdir``, in a process group of its own, with its output
+    (stdout and stderr) in ``workdir/job_N.log``. The commands set TF_CONFIG and the Keras choice themselves:
+    both are taken out of the environment they inherit (plus ``env``; ``python`` is this interpreter).
+
+    Given a ``ready`` line, first wait until every process has printed it or exited (at most
+    ``start_seconds``, else TimeoutError); then wait at most ``wait_seconds`` for all of them to exit, and
+    kill what is left (its whole group). ``hold_port``: a socket listens there all along and never answers.
+    Every process also dies with the one that called this (``PR_SET_PDEATHSIG``): run it on an engine
+    (``cluster.with_options(tasks=["worker:0"]).run(kit.launch, ...)``) and the processes live in the
+    cluster's private network and go with the engine.
+
+    Returns, per command: ``returncode``, ``killed`` (by the wait's bound), ``pid``, ``peak_mb`` (resident
+    memory, sampled), ``listening`` (the TCP addresses it listened on) and ``log`` (its output).
+    """
+    import ctypes
+    import signal
+    import socket
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork; the child only calls prctl
+    environment = {**os.environ, **(env or {}),
+                   "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for name in ("TF_CONFIG", "TF_USE_LEGACY_KERAS"):  # the commands set these themselves
+        environment.pop(name, None)
+    holder = socket.create_server(("127.0.0.1", hold_port)) if hold_port else None
+    logs = [Path(workdir) / f"job_{i}.log" for i in range(len(commands))]
+    outputs = [log.open("w") for log in logs]
+    processes = [subprocess.Popen(["bash", "-c", command], cwd=workdir, env=environment, stdin=subprocess.DEVNULL,
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                  preexec_fn=lambda: libc.prctl(1, signal.SIGKILL))  # PR_SET_PDEATHSIG
+                 for command, out in zip(commands, outputs)]
+    peak = [0] * len(processes)
+    listening: list[set[str]] = [set() for _ in processes]
+
+    def watch(seconds: float) -> None:  # wait up to `seconds` for every process to exit, measuring meanwhile
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and any(p.poll() is None for p in processes):
+            for i, process in enumerate(processes):
+                try:
+                    info = psutil.Process(process.pid)
+                    peak[i] = max(peak[i], info.memory_info().rss)
+                    listening[i] |= {f"{c.laddr.ip}:{c.laddr.port}" for c in info.net_connections("tcp")
+                                     if c.status == psutil.CONN_LISTEN}
+                except psutil.NoSuchProcess:
+                    continue  # exited since the poll: its exit code is read below
+            try:
+                next(p for p in processes if p.poll() is None).wait(timeout=0.2)
+            except (subprocess.TimeoutExpired, StopIteration):
+                pass  # still running, or all done: the loop's condition decides
+
+    try:
+        started = time.monotonic()
+        while ready and any(p.poll() is None and ready not in log.read_text() for p, log in zip(processes, logs)):
+            if time.monotonic() - started > start_seconds:
+                raise TimeoutError(f"no {ready!r} from every process within {start_seconds} s "
+                                   f"(start_seconds); their logs are in {workdir}")
+            watch(0.2)
+        watch(wait_seconds)
+        killed = [p.poll() is None for p in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        for out in outputs:
+            out.close()
+        if holder:
+            holder.close()
+    return [{"returncode": p.returncode, "killed": k, "pid": p.pid, "peak_mb": peak[i] / 1e6,
+             "listening": sorted(listening[i]), "log": log.read_text()}
+            for i, (p, k, log) in enumerate(zip(processes, killed, logs))]
