@@ -113,3 +113,25 @@ def test_a_second_communication_in_one_process_is_refused(monkeypatch):
     with pytest.raises(OptionError, match="already has a MultiWorkerMirroredStrategy") as refused:
         strategies.build_strategy("multi_worker_mirrored", communication="AUTO")
     assert "cluster.restart()" in refused.value.fix
+
+
+def test_a_task_whose_engine_died_is_named_before_the_peer_that_failed_for_it():
+    """kit.core.runs.collect: worker:0's error came first in time, but worker:1's engine died (Horovod's
+    all-reduce fails at once on the survivor): the run names worker:1, and keeps both errors."""
+    from types import SimpleNamespace
+
+    from kit.core.runs import collect
+
+    def remote(ename, evalue):
+        error = Exception(evalue)
+        error.ename, error.evalue, error.traceback = ename, evalue, ""
+        return error
+
+    result = SimpleNamespace(
+        get=lambda return_exceptions: [remote("HorovodInternalError", "Horovod has been shut down"),
+                                       remote("EngineError", "Engine 1 died")],
+        metadata=[{"completed": "2026-11-25T10:00:01"}, {"completed": "2026-11-25T10:00:02"}])
+    with pytest.raises(WorkerError) as info:
+        collect(result, ["worker:0", "worker:1"], lambda: "")
+    assert info.value.task == "worker:1" and "EngineError" in info.value.error
+    assert set(info.value.failures) == {"worker:0", "worker:1"}

@@ -146,6 +146,30 @@ class Run:
                 if len(failures) > self.options.max_failures:
                     raise FailuresExhaustedError(name, failures) from error
 
+    @staticmethod
+    def _lost(dead: list[str], group: Any, engines: Any, result: Any, names: list[str], name: str,
+              follower: "OutputFollower", live: views.RunView) -> None:
+        """Tasks in ``dead`` lost their engine process during the run: mark the cluster stale and raise
+        WorkerError naming the first of them, with the others' errors, once they had a moment to show."""
+        group.mark_stale(f"the cluster lost {', '.join(dead)}", dead)
+        oom = group.explain_exit()
+        for task in dead:
+            live.fail(task, oom or "its engine process exited")
+        # the others usually fail within a second (a collective's peer is gone): let their
+        # rows and output show it before raising
+        survivors = [msg for n, msg in zip(names, result.msg_ids) if n not in dead]
+        if survivors:
+            engines.wait(survivors, timeout=FAILED_PEERS_GRACE_SECONDS)
+            follower.update(result)
+            live.follow(result, names)
+        failures = {n: oom or "process exited" for n in dead}
+        for task, meta in zip(names, _as_list(result.metadata)):
+            if task not in dead and meta.get("status") == "error" and meta.get("error") is not None:
+                error = meta["error"]
+                failures[task] = f"{getattr(error, 'ename', type(error).__name__)}: {getattr(error, 'evalue', error)}"
+        raise WorkerError(dead[0], f"its engine process exited while running {name}"
+                          f"{oom and ': ' + oom}{group.log_tail(dead[0])}", failures=failures)
+
     def _run_once(self, fn: Callable, args: tuple, kwargs: dict, names: list[str], live: views.RunView) -> list:
         cluster, timeout = self.cluster, self.options.timeout
         group = cluster.task_group()  # the engines of the moment (new ones after a restart), ready
@@ -167,23 +191,14 @@ class Run:
                 live.follow(result, names)
                 dead = group.dead(names)
                 if dead:
-                    group.mark_stale(f"the cluster lost {', '.join(dead)}", dead)
-                    oom = group.explain_exit()
-                    for task in dead:
-                        live.fail(task, oom or "its engine process exited")
-                    # the others usually fail within a second (a collective's peer is gone): let their
-                    # rows and output show it before raising
-                    survivors = [msg for n, msg in zip(names, result.msg_ids) if n not in dead]
-                    if survivors:
-                        engines.wait(survivors, timeout=FAILED_PEERS_GRACE_SECONDS)
-                        follower.update(result)
-                        live.follow(result, names)
-                    raise WorkerError(dead[0], f"its engine process exited while running {name}"
-                                      f"{oom and ': ' + oom}{group.log_tail(dead[0])}",
-                                      failures={n: oom or "process exited" for n in dead})
+                    self._lost(dead, group, engines, result, names, name, follower, live)
                 if any(meta.get("status") == "error" for meta in _as_list(result.metadata)):
                     # one task failed; the others may be blocked in a collective waiting for it
                     if not result.wait(FAILED_PEERS_GRACE_SECONDS):
+                        dead = group.dead(names)
+                        if dead:  # a peer died, and the task that failed first only felt it (Horovod's
+                            # all-reduce fails at once when a rank is killed): name the cause
+                            self._lost(dead, group, engines, result, names, name, follower, live)
                         running = [n for n, meta in zip(names, _as_list(result.metadata))
                                    if meta.get("status") is None]
                         group.mark_stale(f"{', '.join(running)} still running {name} after "
@@ -214,7 +229,8 @@ class Run:
 
 
 def collect(result: Any, names: list[str], explain_exit: Callable[[], str], partial: bool = False) -> list:
-    """The results in task order; raise WorkerError naming the task that failed first, if any did.
+    """The results in task order; raise WorkerError naming the task that failed first, if any did (a task
+    whose engine died before any other).
 
     ``partial``: some tasks are still running; look only at those that finished. ``explain_exit``
     says why an engine died (the out-of-memory killer), or "".
@@ -238,7 +254,9 @@ def collect(result: Any, names: list[str], explain_exit: Callable[[], str], part
             failures[name] = (error, _ANSI.sub("", getattr(value, "traceback", "") or ""))
             order.append((meta.get("completed") or meta.get("received") or 0, name))
     if failures:
-        first = min(order, key=lambda item: (str(item[0]), names.index(item[1])))[1]
+        # a task whose engine died is the cause; the others failed because a peer was gone
+        died = {n for n, (e, _) in failures.items() if e.startswith("EngineError")}
+        first = min(order, key=lambda item: (item[1] not in died, str(item[0]), names.index(item[1])))[1]
         error, traceback = failures[first]
         raise WorkerError(first, error, remote_traceback=traceback,
                           failures={n: e for n, (e, _) in failures.items()})
