@@ -126,8 +126,8 @@ GLOSSARY = """
 READING = """
 ## What each notebook shows, and how long it runs
 
-Counted by tools/reading.py at the notebooks' defaults: the code lines a learner sees (code cells whose
-input is not collapsed), how many of them touch TensorFlow (`tf.`, a strategy, a model, Keras, `hvd.`), the
+Counted by tools/reading.py at the notebooks' defaults: the code lines a learner sees, blank ones too (code
+cells whose input is not collapsed), how many of them touch TensorFlow (`tf.`, a strategy, a model, Keras, `hvd.`), the
 `assert` lines among them, the checks in all (the collapsed cells tagged `check` hold the rest: each proves a
 claim of the text and prints one line of what it confirmed), and the longest visible cell. Minutes: one run
 of every notebook in Binder's limits (2 GiB, 1 CPU, the Jupyter server inside; `make binder`). The reading
