@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit quick notebooks binder lab bench faults compat horovod clean chromium netns-tools
+.PHONY: demo test exercises unit quick notebooks binder lab bench faults compat horovod clean chromium netns-tools
 
 LAB_STAMP := $(VENV)/.installed-lab
 
@@ -51,7 +51,13 @@ netns-tools:
 	fi
 
 unit: $(STAMP) chromium netns-tools
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --ignore=tests/exercises
+
+# every exercise that changes only parameters (each notebook's metadata lists them), run with papermill to the
+# end as a learner would in a fresh notebook; its own target, since it takes longer than make test allows
+# (tests/exercises/test_exercises.py). CI runs it after make test.
+exercises: $(STAMP) netns-tools  ## run every parameter-only exercise of the notebooks (out/exercises/)
+	$(BIN)/python -m pytest tests/exercises
 
 # the fast loop while editing: the tests not marked slow (none starts a cluster or another process that
 # runs TensorFlow; each takes under ~2 s): about 30 s on 2 cores, against ~13 minutes for `unit`

@@ -134,7 +134,7 @@ def test_notebooks_copies_the_lessons_with_their_figures_and_keeps_edits_unless_
     source = cli.notebooks_dir()
     target = tmp_path / "lessons"
     assert main(["notebooks", str(target)]) == 0
-    lessons = sorted(p.name for p in source.glob("[0-9][0-9]-*.ipynb"))
+    lessons = sorted(p.name for p in source.glob("[0-9][0-9]*-*.ipynb"))
     assert len(lessons) >= 10 and sorted(p.name for p in target.glob("*.ipynb")) == lessons
     for name in ("README.md", "figures/01-data-parallel.svg", "trials/scaling-trial.ipynb"):
         assert (target / name).read_bytes() == (source / name).read_bytes(), name

@@ -88,10 +88,10 @@ def _cell(text: str) -> str:
 
 def rows(notebooks_dir: Path = NOTEBOOKS) -> list[str]:
     """One table row per numbered notebook, present or planned, in order."""
-    found = {p.stem: p for p in sorted(notebooks_dir.glob("[0-9][0-9]-*.ipynb"))}
+    found = {p.stem: p for p in sorted(notebooks_dir.glob("[0-9][0-9]*-*.ipynb"))}
     entries = []
     for stem in sorted(set(found) | set(PLANNED)):
-        number = stem[:2]
+        number = stem.split("-")[0]
         if stem in found:
             title, summary = title_and_summary(first_cell(found[stem]), number)
             link = f"[{_cell(title or stem)}]({found[stem].name})"
@@ -154,7 +154,7 @@ def reading_rows(notebooks_dir: Path = NOTEBOOKS, seconds_file: Path = SECONDS) 
     for path in reading.numbered(notebooks_dir):
         c = reading.counts(path)
         minutes = f"{seconds[path.stem] / 60:.1f}" if path.stem in seconds else "not measured"
-        lines.append(f"| {path.stem[:2]} | {c['code_lines']} | {c['tensorflow_lines']} | {c['visible_asserts']} | "
+        lines.append(f"| {path.stem.split('-')[0]} | {c['code_lines']} | {c['tensorflow_lines']} | {c['visible_asserts']} | "
                      f"{c['checks']} | {c['longest_cell']} | {minutes} |")
     return lines
 

@@ -8,6 +8,7 @@ every result. Why this mechanism: docs/architecture.md, "Checks in the notebooks
 
     python tools/reading.py                 # the counts of every numbered notebook, as a table
     python tools/reading.py --hide-checks   # collapse the pure check cells, split off trailing checks
+    python tools/reading.py notebooks/04-dataset-sharding.ipynb   # one notebook (with or without --hide-checks)
 
 Counted per notebook (:func:`counts`): visible code lines (every line, blank ones too, of code cells whose
 input is not collapsed), TensorFlow lines among them (:data:`TENSORFLOW`), visible ``assert`` lines, checks (``assert``
@@ -198,24 +199,27 @@ def hide_checks(notebook: dict[str, Any]) -> int:
 
 
 def numbered(notebooks_dir: Path = NOTEBOOKS) -> list[Path]:
-    return sorted(notebooks_dir.glob("[0-9][0-9]-*.ipynb"))
+    return sorted(notebooks_dir.glob("[0-9][0-9]*-*.ipynb"))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hide-checks", action="store_true",
-                        help="collapse the check cells of every numbered notebook (rewrites them)")
+                        help="collapse the check cells of the notebooks (rewrites them)")
+    parser.add_argument("notebooks", nargs="*", type=Path,
+                        help="the notebooks to count or rewrite (default: every numbered notebook)")
     args = parser.parse_args(argv)
-    for path in numbered():
+    chosen = [path.resolve() for path in args.notebooks] or numbered()
+    for path in chosen:
         if args.hide_checks:
             notebook = json.loads(path.read_text())
             hidden = hide_checks(notebook)
             path.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
             print(f"{path.name}: {hidden} check cells")
     print("| notebook | code lines | TensorFlow lines | visible asserts | checks | longest cell |")
-    for path in numbered():
+    for path in chosen:
         c = counts(path)
-        print(f"| {path.stem[:2]} | {c['code_lines']} | {c['tensorflow_lines']} | {c['visible_asserts']} | "
+        print(f"| {path.stem.split('-')[0]} | {c['code_lines']} | {c['tensorflow_lines']} | {c['visible_asserts']} | "
               f"{c['checks']} | {c['longest_cell']} |")
     return 0
 

@@ -20,7 +20,7 @@ from ..core.view import text_in_kernels_started_here
 DEMO_NOTEBOOK = "01-single-vs-multi-worker.ipynb"
 #: What ``kit notebooks DIR`` copies: the lessons, their index, their figures, the sweeps' trial notebooks, and the
 #: committed results notebook 10 reads.
-NOTEBOOK_FILES = ("[0-9][0-9]-*.ipynb", "README.md", "figures/*.svg", "trials/*.ipynb", "results/*.csv",
+NOTEBOOK_FILES = ("[0-9][0-9]*-*.ipynb", "README.md", "figures/*.svg", "trials/*.ipynb", "results/*.csv",
                   "results/*.json")
 
 

@@ -1,0 +1,31 @@
+"""Every exercise that changes only parameters runs to the end, as a learner doing it in a fresh notebook would.
+
+Not part of ``make test`` (about half an hour on 2 cores): ``make exercises`` runs it, and CI runs it after
+``make test`` (.ci/run). Each notebook lists those exercises in its metadata
+(:func:`kit.tools.experiments.parameter_exercises`); tests/test_exercises_listed.py checks that the list and
+the text agree. The executed notebooks stay in out/exercises/, the failed ones with their error.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from kit.tools.experiments import parameter_exercises, point_name, sweep
+
+REPO = Path(__file__).resolve().parents[2]
+NOTEBOOKS = [p for p in sorted((REPO / "notebooks").glob("[0-9][0-9]*-*.ipynb")) if parameter_exercises(p)]
+CELL_TIMEOUT = 600  # seconds for one cell, as papermill counts (the notebooks' longest cell takes ~2 minutes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem.split("-")[0])
+def test_every_parameter_exercise_runs_to_the_end(notebook, monkeypatch):
+    monkeypatch.setenv("KIT_VIEW", "text")
+    listed = parameter_exercises(notebook)
+    out = REPO / "out" / "exercises" / notebook.stem
+    table = sweep(notebook, [entry["parameters"] for entry in listed], out, resume=False,
+                  timeout=CELL_TIMEOUT, progress=False)
+    failed = table[table["status"] != "ok"]
+    number = {f"{point_name(notebook.stem, e['parameters'])}.ipynb": e["exercise"] for e in listed}
+    assert failed.empty, "\n".join(f"exercise {number.get(row['notebook'], '?')} ({out / row['notebook']}): "
+                                   f"{row['error']}" for _, row in failed.iterrows())
