@@ -5,9 +5,14 @@ import math
 import numpy as np
 import pytest
 
+from conftest import REPO
 from kit.core.errors import KitError, OptionError
+from kit.tools import cells
 from kit.train import batch_size as bs
 from kit.train import gradient_noise as gn
+
+#: Notebook 10's steps (its cells tagged "training"): `accumulation_step` and `worker_step`.
+LESSON = cells.run_tagged(REPO / "notebooks" / "10-critical-batch-size.ipynb", "training")
 
 
 def test_batch_stream_is_a_new_permutation_each_epoch_and_the_same_in_every_process():
@@ -76,23 +81,24 @@ def test_the_grid_and_budget():
 @pytest.mark.slow
 def test_accumulated_micro_batches_update_as_real_workers_and_as_one_batch(make_cluster):
     cluster = make_cluster(workers=2)
-    same = cluster.with_options(stream=False).run(gn.accumulation_vs_workers, per_worker_batch=64, steps=4)
+    same = cluster.with_options(stream=False).run(gn.accumulation_vs_workers, LESSON["worker_step"],
+                                                  LESSON["accumulation_step"], per_worker_batch=64, steps=4)
     for task in same:
         assert task["max_abs_update"] > 1e-3
         assert task["max_abs_difference"] <= 1e-6 * max(1.0, task["max_abs_update"]), task
     # one process: batch 2048 as 2 micro-batches of 1024 or in one piece, same run to the step
-    def two_ways():   # defined here: cloudpickle sends it by value (a test module is not importable on engines)
+    def two_ways(step):   # defined here: cloudpickle sends it by value (a test module is not importable on engines)
         from kit.train import batch_size as bs
         kwargs = dict(max_steps=40, target=1.01)   # a fixed number of steps: the target is never reached
-        return (bs.train_to_target(2048, 0.8, micro_batch=2048, **kwargs),
-                bs.train_to_target(2048, 0.8, micro_batch=1024, **kwargs))
+        return (bs.train_to_target(2048, 0.8, step, micro_batch=2048, **kwargs),
+                bs.train_to_target(2048, 0.8, step, micro_batch=1024, **kwargs))
 
-    whole, pieces = cluster.with_options(stream=False, tasks=["worker:0"]).run(two_ways)[0]
+    whole, pieces = cluster.with_options(stream=False, tasks=["worker:0"]).run(two_ways, LESSON["accumulation_step"])[0]
     assert np.allclose(pieces["curve"], whole["curve"], atol=1e-3) and pieces["ran_steps"] == whole["ran_steps"] == 40
 
 
 def test_train_to_target_names_bad_options():
     with pytest.raises(OptionError, match="learning_rate"):
-        bs.train_to_target(64, -1.0)
+        bs.train_to_target(64, -1.0, LESSON["accumulation_step"])
     with pytest.raises(OptionError, match="micro_batch"):
-        bs.train_to_target(3000, 0.1, micro_batch=1024)
+        bs.train_to_target(3000, 0.1, LESSON["accumulation_step"], micro_batch=1024)

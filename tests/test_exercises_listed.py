@@ -8,7 +8,7 @@ import papermill
 import pytest
 
 from kit.core.errors import GridError
-from kit.tools.experiments import parameter_exercises
+from kit.tools.cells import parameter_exercises
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]*-*.ipynb"))

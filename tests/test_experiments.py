@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from kit.tools import experiments, plots
+from kit.tools import cells, experiments, plots
 from kit.core.errors import GridError, KitError
 
 TINY_PARAMETERS = 'x = 1\nmode = "ok"\nscale = 2.0\nRESULTS_PATH = None\n'
@@ -237,6 +237,20 @@ def test_notebook_08_sweeps_the_trial_notebook_with_parameters_it_defines(preset
     points = experiments.validate_grid(REPO / "notebooks" / "trials" / "scaling-trial.ipynb", namespace["points"],
                                   parameters=namespace["C"])
     assert points == namespace["points"] and len(points) >= 2
+    # the trial trains with 08's own `training` cells (one copy): they plan every point, as the trial calls plan
+    trial = nbformat.read(REPO / "notebooks" / "trials" / "scaling-trial.ipynb", as_version=4)
+    trial_code = "\n".join(c.source for c in trial.cells if c.cell_type == "code")
+    assert 'run_tagged("../08-scaling-experiments.ipynb", "training", globals())' in trial_code
+    training = cells.run_tagged(REPO / "notebooks" / "08-scaling-experiments.ipynb", "training")
+    shared = {"mnist_dataset", "build_and_compile_cnn_model", "warmup_schedule", "train", "train_points", "plan"}
+    assert shared <= set(training) and not any(f"def {name}(" in trial_code for name in shared)
+    constants = namespace["C"]
+    for point in points:
+        planned = training["plan"](**point, base_lr=constants["BASE_LR"], base_batch=constants["BASE_BATCH"],
+                                   examples=constants["EXAMPLES"], epochs=constants["EPOCHS"],
+                                   warmup_fraction=constants["WARMUP_FRACTION"],
+                                   eval_examples=constants["EVAL_EXAMPLES"], seed=constants["SEED"])
+        assert planned["global_batch"] == point["workers"] * point["per_worker_batch"] and planned["steps"] >= 2
 
 
 def test_load_results_of_a_folder_without_a_sweep_says_the_fix(tmp_path):

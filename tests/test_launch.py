@@ -1,5 +1,7 @@
 """kit.launch: plain processes from a lesson's cell, each waited for with a bound, none left behind."""
 
+import os
+import signal
 import socket
 
 import psutil
@@ -17,7 +19,9 @@ def test_each_command_runs_with_its_log_and_a_late_one_is_killed_with_its_group(
                       hold_port=port)
     first, late, environment = jobs
     assert first["returncode"] == 3 and not first["killed"] and first["log"] == "ready\ndone\n"
-    assert late["killed"] and late["returncode"] == -9
+    assert first["ended"] == "exited (3)"
+    assert late["killed"] and late["returncode"] == -9 and late["ended"] == "killed at the bound (1.5 s)"
+    assert late["network"] == os.readlink("/proc/self/ns/net")  # started here: this process's network
     assert environment["log"].strip() == "0"  # TF_CONFIG is the command's to set
     assert (tmp_path / "job_1.log").read_text() == "ready\n"
     sleepers = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "30"]
@@ -35,3 +39,8 @@ def test_a_ready_line_that_never_comes_is_bounded(tmp_path):
 def test_free_ports_are_different_and_free():
     ports = kit.free_ports(3)
     assert len(set(ports)) == 3 and all(1024 < p < 65536 for p in ports)
+
+
+def test_a_process_killed_by_a_signal_says_so(tmp_path):
+    [job] = kit.launch(["kill -ABRT $$"], str(tmp_path), wait_seconds=10)
+    assert job["returncode"] == -signal.SIGABRT and not job["killed"] and job["ended"] == "died of signal 6"

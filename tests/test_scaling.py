@@ -116,3 +116,68 @@ def test_train_mnist_with_warmup_and_evaluation_in_process():
                          strategy="default", verbose=0, warmup_steps=4, warmup_from=0.01, eval_examples=100)
     assert 0.0 <= result["test_accuracy"] <= 1.0 and math.isfinite(result["test_loss"])
     assert len(result["step_loss"]) == 6
+
+
+# ----- notebook 08's table: records of a run become rows ----------------------------------------------
+def planned(workers=2, per_worker_batch=64, lr_rule="linear", learning_rate=0.1, warmup_steps=0):
+    return {"workers": workers, "per_worker_batch": per_worker_batch, "lr_rule": lr_rule, "warmup": bool(warmup_steps),
+            "global_batch": workers * per_worker_batch, "k": workers * per_worker_batch / 64,
+            "learning_rate": learning_rate, "warmup_from": 0.05, "warmup_steps": warmup_steps, "epochs": 2,
+            "steps_per_epoch": 3, "steps": 6, "examples": 6 * workers * per_worker_batch}
+
+
+def record(pid, losses=(1.0, 0.5)):
+    running = [2.0, 1.5, 1.0, 1.0, 0.75, 0.5]                    # running means: own losses 2 1 0, 1 0.5 0
+    return {"task": f"worker:{pid}", "pid": pid, "running_loss": running, "learning_rate": [0.1] * 6,
+            "loss": list(losses), "steps_done": [3, 6], "epoch_seconds": [5.0, 1.0, 1.0][:2], "parameters": 10,
+            "wall_seconds": 3.0 + pid, "test_loss": 0.4, "test_accuracy": 0.9}
+
+
+def test_distinct_keeps_one_of_the_trials_that_train_alike():
+    at_base = [planned(1, 64, rule, 0.05) for rule in ("none", "linear", "sqrt")]   # k = 1: the same rate
+    warm_but_flat = planned(1, 64, "linear", 0.05, warmup_steps=4)                   # a ramp from 0.05 to 0.05
+    other = planned(1, 128, "linear", 0.1)
+    assert scaling.distinct(at_base + [warm_but_flat, other]) == [warm_but_flat, other]
+
+
+def test_rows_of_gives_every_trial_a_row_from_the_run_that_trained_alike():
+    trials = [planned(1, 64, rule, 0.05) for rule in ("none", "linear")]
+    trained = scaling.distinct(trials)
+    results = [[record(7)], [record(8)]]                           # two tasks, one trained trial each
+    rows = scaling.rows_of(trials, trained, results)
+    assert [r["lr_rule"] for r in rows] == ["none", "linear"] and all(r["status"] == "ok" for r in rows)
+    row = rows[0]
+    assert row["loss_curve"] == pytest.approx([2.0, 1.0, 0.0, 1.0, 0.5, 0.0])
+    assert row["final_loss"] == pytest.approx(0.0) and row["workers_agree"] and row["pids"] == [7, 8]
+    assert row["examples_per_second"] == pytest.approx(64 * 3 / 1.0) and row["wall_seconds"] == 11.0
+    disagree = scaling.as_row(trials[0], [record(7), record(8, losses=(1.0, 0.6))])
+    assert not disagree["workers_agree"]
+
+
+def test_step_times_and_speed_table():
+    speed = pd.DataFrame({"workers": [1, 2], "per_worker_batch": [64, 64], "examples_per_second": [1000.0, 1280.0],
+                          "efficiency": [1.0, 0.64]})
+    times = scaling.step_times(speed)
+    assert times.loc[0, "ms per step, 1 worker"] == 64.0 and times.loc[0, "ms per step"] == 100.0
+    assert times.loc[0, "added ms"] == 36.0
+    trial = {**planned(), "allreduce": "float16", "steps_per_execution": 3}
+    table = scaling.speed_table([trial], [record(1)])
+    assert table.loc[0, "batch-end calls"] == 6 and table.loc[0, "examples/s"] == pytest.approx(128 * 3 / 1.0)
+
+
+@pytest.mark.slow  # imports TensorFlow in the test process (about 10 s)
+def test_recorder_and_the_summed_third_on_one_process():
+    from kit.train._tf import import_tensorflow
+
+    tf = import_tensorflow()
+    strategy = tf.distribute.get_strategy()
+    assert scaling.summed_third(strategy, tf.keras.optimizers.SGD) == pytest.approx(1 / 3)   # one replica
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+    model.compile(loss="mse", optimizer=tf.keras.optimizers.SGD(0.01))
+    recorder = scaling.recorder()
+    data = tf.data.Dataset.from_tensor_slices((np.ones((8, 2), "float32"), np.zeros((8, 1), "float32"))).batch(2)
+    history = model.fit(data, epochs=2, verbose=0, callbacks=[recorder])
+    record = recorder.record
+    assert record["steps_done"] == [4, 8] and len(record["running_loss"]) == 8 and record["parameters"] == 3
+    assert record["loss"] == pytest.approx(history.history["loss"]) and record["learning_rate"] == pytest.approx([0.01] * 8)
+    assert len(record["epoch_seconds"]) == 2 and record["wall_seconds"] > 0 and record["task"] == "local"

@@ -88,8 +88,10 @@ def launch(commands: list[str], workdir: str, wait_seconds: float, ready: str = 
     (``cluster.with_options(tasks=["worker:0"]).run(kit.launch, ...)``) and the processes live in the
     cluster's private network and go with the engine.
 
-    Returns, per command: ``returncode``, ``killed`` (by the wait's bound), ``pid``, ``peak_mb`` (resident
-    memory, sampled), ``listening`` (the TCP addresses it listened on) and ``log`` (its output).
+    Returns, per command: ``returncode``, ``killed`` (by the wait's bound), ``ended`` (how, in words:
+    "exited (0)", "killed at the bound (6 s)", "died of signal 6"), ``pid``, ``peak_mb`` (resident memory,
+    sampled), ``listening`` (the TCP addresses it listened on), ``network`` (its network namespace, as
+    ``/proc/PID/ns/net`` names it; "" if it exited before it was sampled) and ``log`` (its output).
     """
     import ctypes
     import signal
@@ -113,6 +115,7 @@ def launch(commands: list[str], workdir: str, wait_seconds: float, ready: str = 
                  for command, out in zip(commands, outputs)]
     peak = [0] * len(processes)
     listening: list[set[str]] = [set() for _ in processes]
+    network = [""] * len(processes)
 
     def watch(seconds: float) -> None:  # wait up to `seconds` for every process to exit, measuring meanwhile
         deadline = time.monotonic() + seconds
@@ -123,7 +126,8 @@ def launch(commands: list[str], workdir: str, wait_seconds: float, ready: str = 
                     peak[i] = max(peak[i], info.memory_info().rss)
                     listening[i] |= {f"{c.laddr.ip}:{c.laddr.port}" for c in info.net_connections("tcp")
                                      if c.status == psutil.CONN_LISTEN}
-                except psutil.NoSuchProcess:
+                    network[i] = network[i] or os.readlink(f"/proc/{process.pid}/ns/net")
+                except (psutil.NoSuchProcess, FileNotFoundError):
                     continue  # exited since the poll: its exit code is read below
             try:
                 next(p for p in processes if p.poll() is None).wait(timeout=0.2)
@@ -148,6 +152,14 @@ def launch(commands: list[str], workdir: str, wait_seconds: float, ready: str = 
             out.close()
         if holder:
             holder.close()
-    return [{"returncode": p.returncode, "killed": k, "pid": p.pid, "peak_mb": peak[i] / 1e6,
-             "listening": sorted(listening[i]), "log": log.read_text()}
+    return [{"returncode": p.returncode, "killed": k, "ended": _ended(p.returncode, k, wait_seconds), "pid": p.pid,
+             "peak_mb": peak[i] / 1e6, "listening": sorted(listening[i]), "network": network[i],
+             "log": log.read_text()}
             for i, (p, k, log) in enumerate(zip(processes, killed, logs))]
+
+
+def _ended(returncode: int, killed: bool, wait_seconds: float) -> str:
+    """How a launched process ended, in words."""
+    if killed:
+        return f"killed at the bound ({wait_seconds:g} s)"
+    return f"exited ({returncode})" if returncode >= 0 else f"died of signal {-returncode}"

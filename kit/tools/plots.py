@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..core.files import save_figure
 
@@ -303,3 +303,24 @@ def plot_results(source, out_dir: str | os.PathLike | None = None, close: bool =
         raise KitError("no figure fits this results table:\n  " + "\n  ".join(reasons) + "\nFix: record what the "
                        "reasons above name in the sweep's notebook, then run the sweep again")
     return written
+
+
+def async_vs_sync(updates: list[dict[str, Any]], lost: list[dict[str, Any]], sync: list[list[dict[str, Any]]],
+                  victim: str, killed_at: float, path: str | os.PathLike | None = None):
+    """Notebook 07's timeline, three panels of :func:`step_timeline`.
+
+    ``updates``: the custom loop's steps (``worker``, ``start``, ``end``, ``staleness``; red when stale);
+    ``lost``: the steps of the run that lost ``victim`` at ``killed_at`` (a dashed line); ``sync``: per
+    worker, the ``{"start", "end"}`` of each step under MultiWorkerMirroredStrategy.
+    """
+    def row(step):
+        return f"worker:{int(step['worker'])}"
+
+    lost_title = f"ParameterServerStrategy, {victim} killed"
+    return step_timeline(
+        {"ParameterServerStrategy (red: stale update)":
+             [dict(s, row=row(s), color="tab:red" if s["staleness"] > 0 else "tab:blue") for s in updates],
+         lost_title: [dict(s, row=row(s)) for s in lost],
+         "MultiWorkerMirroredStrategy: every step on every worker, together":
+             [dict(s, row=f"worker:{i}", color="tab:green") for i, steps in enumerate(sync) for s in steps]},
+        events={lost_title: {f"{victim} killed": killed_at}}, path=path)

@@ -15,14 +15,17 @@ steps spaced 4 % apart (so a step count is known to 4 %). It is small so that a 
 sizes, tuned learning rates, with and without warmup) runs in minutes on 2 cores; every run is
 deterministic for its seed.
 
-Large global batches on one process: :func:`train_to_target` computes a batch larger than
-``micro_batch`` as several micro-batches whose gradients are averaged before the one update (gradient
-accumulation), which is the update N workers make with the same examples;
-:func:`kit.train.gradient_noise.accumulation_vs_workers` checks that on a small case against real workers.
+Large global batches on one process: a batch larger than ``micro_batch`` is computed as several
+micro-batches whose gradients are averaged before the one update (gradient accumulation), which is the
+update N workers make with the same examples. That step is the lesson's: notebook 10 defines it in a cell
+(``accumulation_step(weights, micro_batch)`` → ``step(indices, learning_rate)``) and passes it in; the trial
+notebook runs that cell. :func:`kit.train.gradient_noise.accumulation_vs_workers` checks it on a small case
+against real workers.
 
-Engine side (imports TensorFlow): :func:`train_to_target`, :func:`tune` (one batch size; the trial notebook
-``notebooks/trials/critical-batch-trial.ipynb`` runs it per point of a sweep); under MultiWorkerMirroredStrategy,
-:mod:`kit.train.gradient_noise`. Kernel side (numpy only): :func:`fit_critical_batch`,
+Engine side (imports TensorFlow): the MLP (:func:`init_mlp`, :func:`loss`, :func:`accuracy`), the stream of
+batches, and the measurement around the step: :func:`train_to_target`, :func:`tune` (one batch size; the trial
+notebook ``notebooks/trials/critical-batch-trial.ipynb`` runs it per point of a sweep); under
+MultiWorkerMirroredStrategy, :mod:`kit.train.gradient_noise`. Kernel side (numpy only): :func:`fit_critical_batch`,
 :func:`scaling_slopes`, :func:`noise_scale`, :func:`best_by_batch`.
 """
 
@@ -107,7 +110,8 @@ def _logits(weights, images):
     return tf.nn.relu(images @ weights[0] + weights[1]) @ weights[2] + weights[3]
 
 
-def _loss(weights, indices):
+def loss(weights, indices):
+    """The mean cross-entropy of the MLP on the training examples ``indices`` (a batch of row numbers)."""
     import tensorflow as tf
 
     data = _data()
@@ -146,12 +150,11 @@ class BatchStream:
         return out
 
 
-def _sgd_steps(weights, micro_batch: int, accumulators):
-    """A tf.function running one chunk of SGD steps: (indices [steps, B], lr, warmup, first step) → last loss.
+def _chunks(step):
+    """A tf.function running one chunk of ``step``s: (indices [steps, B], lr, warmup, first step) → last loss.
 
-    A batch larger than ``micro_batch`` is split into B / micro_batch micro-batches; their gradients are
-    summed into ``accumulators`` and divided by their number before the update: the mean gradient over
-    the B examples, as one big batch (or N workers' all-reduced mean) gives.
+    ``step(indices, learning_rate)`` is the lesson's SGD step on one batch (notebook 10's ``accumulation_step``);
+    this adds the gradual warmup (linear from 0 over ``warmup`` steps) and runs many steps per call.
     """
     import tensorflow as tf
 
@@ -160,36 +163,24 @@ def _sgd_steps(weights, micro_batch: int, accumulators):
 
     @tf.function(input_signature=spec)
     def steps(indices, learning_rate, warmup_steps, first):
-        loss = tf.constant(0.0)
-        batch = tf.shape(indices)[1]
-        pieces = tf.maximum(1, batch // micro_batch)
+        last = tf.constant(0.0)
         for i in tf.range(tf.shape(indices)[0]):
-            rows = tf.reshape(indices[i], [pieces, -1])
-            for a in accumulators:
-                a.assign(tf.zeros_like(a))
-            loss = tf.constant(0.0)
-            for j in tf.range(pieces):
-                with tf.GradientTape() as tape:
-                    piece_loss = _loss(weights, rows[j])
-                for a, g in zip(accumulators, tape.gradient(piece_loss, weights)):
-                    a.assign_add(g)
-                loss += piece_loss
-            step = tf.cast(first + i, tf.float32)
-            ramp = tf.minimum(1.0, (step + 1.0) / tf.maximum(warmup_steps, 1.0))
-            rate = tf.where(warmup_steps > 0, learning_rate * ramp, learning_rate)
-            scale = rate / tf.cast(pieces, tf.float32)
-            for w, a in zip(weights, accumulators):
-                w.assign_sub(scale * a)
-            loss = loss / tf.cast(pieces, tf.float32)
-        return loss
+            number = tf.cast(first + i, tf.float32)
+            ramp = tf.minimum(1.0, (number + 1.0) / tf.maximum(warmup_steps, 1.0))
+            last = step(indices[i], tf.where(warmup_steps > 0, learning_rate * ramp, learning_rate))
+        return last
 
     return steps
 
 
-def train_to_target(batch: int, learning_rate: float, *, warmup_steps: int = 0, target: float = TARGET,
+def train_to_target(batch: int, learning_rate: float, accumulation_step, *, warmup_steps: int = 0,
+                    target: float = TARGET,
                     max_steps: int | None = None, seed: int = 0, micro_batch: int = MICRO_BATCH,
                     give_up_after: int | None = None) -> dict[str, Any]:
     """Train the MLP with SGD at ``batch`` until the test accuracy reaches ``target``; the steps it took.
+
+    ``accumulation_step(weights, micro_batch)`` makes the SGD step (notebook 10's cell), called here with
+    ``min(batch, micro_batch)``.
 
     Stops early when the loss diverges (NaN, or above 100), when the run is unstable (test accuracy still
     below :data:`UNSTABLE_BELOW` after :data:`UNSTABLE_AFTER` steps and examples), after ``max_steps`` (default
@@ -208,8 +199,7 @@ def train_to_target(batch: int, learning_rate: float, *, warmup_steps: int = 0, 
         limit = min(limit, int(give_up_after))
     stream = BatchStream(batch, seed)
     weights = init_mlp(seed)
-    accumulators = [tf.Variable(tf.zeros_like(w)) for w in weights]
-    steps = _sgd_steps(weights, min(batch, micro_batch), accumulators)
+    steps = _chunks(accumulation_step(weights, min(batch, micro_batch)))
     step, curve, diverged, reached, unstable = 0, [], False, False, False
     started = time.perf_counter()
     while step < limit:
@@ -233,8 +223,8 @@ def train_to_target(batch: int, learning_rate: float, *, warmup_steps: int = 0, 
             "seconds": round(time.perf_counter() - started, 2), "curve": curve, "seed": seed}
 
 
-def tune(batch: int, *, warmup_steps: int = 0, lrs: Sequence[float] = LR_GRID, start: float | None = None,
-         also: Sequence[float] = (), target: float = TARGET, seed: int = 0,
+def tune(batch: int, accumulation_step, *, warmup_steps: int = 0, lrs: Sequence[float] = LR_GRID,
+         start: float | None = None, also: Sequence[float] = (), target: float = TARGET, seed: int = 0,
          micro_batch: int = MICRO_BATCH) -> list[dict[str, Any]]:
     """Runs of :func:`train_to_target` at ``batch`` over the grid ``lrs``, searched outward from ``start``.
 
@@ -256,7 +246,7 @@ def tune(batch: int, *, warmup_steps: int = 0, lrs: Sequence[float] = LR_GRID, s
     def run(lr: float) -> dict[str, Any]:
         if lr not in runs:
             known = best()
-            runs[lr] = train_to_target(batch, lr, warmup_steps=warmup_steps, target=target, seed=seed,
+            runs[lr] = train_to_target(batch, lr, accumulation_step, warmup_steps=warmup_steps, target=target, seed=seed,
                                        micro_batch=micro_batch,
                                        give_up_after=None if known is None else 2 * known)
         return runs[lr]

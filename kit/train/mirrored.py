@@ -4,8 +4,10 @@ TensorFlow's distributed-training guide and its Keras tutorial assume GPUs. On a
 :func:`split_cpu` splits the one physical CPU into logical devices, so that ``MirroredStrategy``
 has one replica per device (:mod:`kit.train.strategies` calls it). The rest of this module holds the
 guide's small pieces (its toy model, learning-rate table, MNIST model and arrays, learning-rate decay),
-which tests/test_mirrored.py checks against the guide's numbers (notebook 02 writes its own in cells), and
-reading TensorFlow's log for how the gradients were reduced (:func:`reduction_summary`, notebook 02).
+checked against the guide's numbers by the tests. Notebook 02 writes them out in cells; notebook 02b, whose
+lessons are elsewhere, takes :func:`split_cpu`, :func:`build_toy_model`, :func:`build_guide_cnn` and
+:func:`guide_mnist_arrays` from here. :func:`reduction_summary` reads TensorFlow's log for how the gradients
+were reduced (:func:`kit.train.mirrored_probes.fit_report` calls it for 02b's table).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 
 from ._tf import import_tensorflow
 from ..core.errors import KitError, OptionError
-from .probes import captured_tf_log  # noqa: F401  (notebook 02 uses it from here)
+from .probes import captured_tf_log  # noqa: F401  (kept here for existing callers)
 
 #: The guide's learning rate for each *global* batch size (per-replica batch 5 × 1, 2, 4 replicas).
 LEARNING_RATES_BY_BATCH_SIZE = {5: 0.1, 10: 0.15, 20: 0.175}

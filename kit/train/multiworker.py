@@ -2,11 +2,12 @@
 
 Functions here run on every worker (``cluster.run(train_with_callbacks, ...)``) and return what
 that worker saw: its role, the learning rate and global batch it used, its losses and step times,
-which Keras callback hooks ran on it, where its TensorBoard and ModelCheckpoint callbacks wrote,
-and what happened when it saved and restored a ``tf.train.Checkpoint`` outside ``fit``
-(:func:`train_with_callbacks`, tests/test_multiworker.py). It shares one strategy per process
+which Keras callback hooks ran on it, where its ModelCheckpoint callback saved and which files were
+under ``logs/`` and ``ckpt/`` at every epoch end (:func:`kit.train.observe.fit_recorder`), and what
+happened when it saved and restored a ``tf.train.Checkpoint`` outside ``fit`` (:func:`train_with_callbacks`,
+tests/test_multiworker.py). It shares one strategy per process
 (:func:`kit.train.strategies.build_strategy`). The all-reduce's timer is :func:`kit.train.links.time_all_reduce`
-(Horovod's: :func:`kit.train.horovod_fit.time_all_reduce`); notebook 03 times its own in a cell.
+(Horovod's: :func:`kit.train.horovod_fit.time_all_reduce`); notebook 03b times its own in a cell.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def train_with_callbacks(model_dir: str, per_worker_batch: int = 64, epochs: int
     """
     tf = import_tensorflow()
     from . import checkpoints, data, models
-    from .probes import probe_callback, tensorboard_installed
+    from .observe import fit_recorder
+    from .probes import tensorboard_installed
 
     tf.keras.utils.set_random_seed(seed)
     dist = build_strategy("multi_worker_mirrored", communication=communication)
@@ -86,10 +88,10 @@ def train_with_callbacks(model_dir: str, per_worker_batch: int = 64, epochs: int
     board = tf.keras.callbacks.TensorBoard(log_dir=str(base / "logs")) if use_tensorboard else None
     checkpoint_cb = tf.keras.callbacks.ModelCheckpoint(filepath=str(base / "ckpt" / "ckpt_{epoch}"),
                                                        save_weights_only=True)
-    # at every epoch end, after the callbacks before it: the files under logs/ and ckpt/
-    probe = probe_callback(watch={"logs": base / "logs", "ckpt": base / "ckpt"})
+    # at every epoch end, after the callbacks before it: the files under logs/ and ckpt/; and the model's saves
+    recorder = fit_recorder(base, watch=("logs", "ckpt"))
     live = progress.callback(global_batch)  # the notebook's live view
-    callbacks = [cb for cb in (board, checkpoint_cb, probe, live) if cb is not None]
+    callbacks = [cb for cb in (board, checkpoint_cb, recorder, live) if cb is not None]
     history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
                         callbacks=callbacks)
     trained = [w.copy() for w in model.get_weights()]
@@ -99,21 +101,22 @@ def train_with_callbacks(model_dir: str, per_worker_batch: int = 64, epochs: int
         fresh = models.build_and_compile_cnn_model(learning_rate=rate)
     untrained_diff = _max_difference(fresh.get_weights(), trained)
     restored = checkpoints.restore_latest(tf.train.Checkpoint(model=fresh), base / "manual")
+    record = recorder.record
+    step_seconds = [ms / 1000 for ms in record["step_ms"]]
     return {
         "task": this_task(),
         "task_type": task_type, "task_id": task_id,
         "chief": checkpoints.is_chief(task_type, task_id, cluster_spec),
         "should_checkpoint": bool(dist.extended.should_checkpoint),
         "should_save_summary": bool(dist.extended.should_save_summary),
-        "workers": workers, "global_batch": global_batch, "learning_rate": probe.record["learning_rate"][-1],
+        "workers": workers, "global_batch": global_batch, "learning_rate": record["learning_rate"],
         "communication": communication,
         "loss": [float(v) for v in history.history["loss"]],
-        "step_seconds": probe.record["step_seconds"][1:],  # the first step traces the function
-        "median_step_seconds": statistics.median(probe.record["step_seconds"][1:] or [float("nan")]),
-        "hooks": probe.record["hooks"],
-        "files_at_epoch_end": probe.record["files"],
-        "tensorboard_wrote_to": os.path.relpath(board._log_write_dir, model_dir) if board else None,  # noqa: SLF001
-        "modelcheckpoint_wrote_to": os.path.relpath(checkpoint_cb._write_filepath, model_dir),  # noqa: SLF001
+        "step_seconds": step_seconds[1:],  # the first step traces the function
+        "median_step_seconds": statistics.median(step_seconds[1:] or [float("nan")]),
+        "hooks": record["hooks"],
+        "files_at_epoch_end": record["files_at_epoch_end"],
+        "modelcheckpoint_wrote_to": record["saves"][-1]["path"] if record["saves"] else None,
         "saved": {**saved, "write_dir": os.path.relpath(saved["write_dir"], model_dir),
                   "files": [os.path.relpath(f, model_dir) for f in saved["files"]]},
         "restored_from": os.path.relpath(restored, model_dir) if restored else None,

@@ -153,6 +153,7 @@ def callback(batch_size: int | None = None, summed_over: int | None = None,
 
     ``summed_over``: the number of replicas whose per-batch losses tf-keras adds up; None reads it
     from the model's strategy (:func:`summed_replicas`), so step and epoch losses agree.
+    ``logged_loss`` keeps the per-batch ``logs["loss"]`` as tf-keras logged it (not divided).
     """
     tf = import_tensorflow()
 
@@ -163,6 +164,7 @@ def callback(batch_size: int | None = None, summed_over: int | None = None,
             self._epoch = 1
             self._summed = summed_over or 1
             self.step_loss: list[float] = []
+            self.logged_loss: list[float] = []  # logs["loss"] as tf-keras logged it, not divided
             self.epoch_seconds: list[float] = []
 
         def on_train_begin(self, logs: dict | None = None) -> None:
@@ -177,6 +179,8 @@ def callback(batch_size: int | None = None, summed_over: int | None = None,
 
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
             loss = (logs or {}).get("loss")
+            if loss is not None:
+                self.logged_loss.append(float(loss))
             loss = None if loss is None else float(loss) / self._summed
             if loss is not None:
                 self.step_loss.append(loss)

@@ -213,3 +213,131 @@ def scaling_efficiency(table, throughput: str = "examples_per_second", by: str =
     speed["speedup"] = speed["examples_per_second"] / speed[by].map(one)
     speed["efficiency"] = speed["speedup"] / speed["workers"]
     return pd.DataFrame(speed).sort_values([by, "workers"]).reset_index(drop=True)
+
+
+# ----- notebook 08's study: measuring a run from outside its training function, and its table ------
+#: The plan's columns that go into each row of the results table.
+COLUMNS = ["workers", "per_worker_batch", "lr_rule", "warmup", "global_batch", "k", "learning_rate",
+           "warmup_steps", "epochs", "steps_per_epoch", "steps", "examples"]
+
+
+def recorder():
+    """A Keras callback that writes down what ``fit`` did on this task, in ``.record``: ``running_loss`` and
+    ``learning_rate`` after each call into TensorFlow, ``loss`` (the epoch's), ``steps_done`` (the optimizer's
+    count) and ``epoch_seconds`` at each epoch's end, and the task, its pid, the model's parameters and the
+    wall time of ``fit``. It measures; the training does not depend on it (imports TensorFlow)."""
+    import os
+    import time
+
+    from ..core.tfconfig import this_task
+    from ._tf import import_tensorflow
+
+    tf = import_tensorflow()
+
+    class Recorder(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.record = {"task": this_task(), "pid": os.getpid(), "running_loss": [], "learning_rate": [],
+                           "loss": [], "steps_done": [], "epoch_seconds": []}
+
+        def on_train_begin(self, logs=None):
+            self.started = time.perf_counter()
+            self.record["parameters"] = self.model.count_params()
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch_started = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.record["running_loss"].append(float(logs["loss"]))    # Keras: mean over the epoch so far
+            self.record["learning_rate"].append(float(tf.keras.backend.get_value(self.model.optimizer.learning_rate)))
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.record["epoch_seconds"].append(time.perf_counter() - self.epoch_started)
+            self.record["steps_done"].append(int(self.model.optimizer.iterations.numpy()))
+            self.record["loss"].append(float(logs["loss"]))
+
+        def on_train_end(self, logs=None):
+            self.record["wall_seconds"] = time.perf_counter() - self.started
+
+    return Recorder()
+
+
+def same_training(trial: dict[str, Any]) -> tuple:
+    """Equal for planned trials (dicts) that train identically: e.g. every rule at k = 1."""
+    warm = trial["warmup_steps"] if trial["warmup_from"] != trial["learning_rate"] else 0
+    return (trial["workers"], trial["per_worker_batch"], trial["learning_rate"], warm)
+
+
+def distinct(trials: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``trials`` without the ones that would train exactly like an earlier one (:func:`same_training`)."""
+    return list({same_training(t): t for t in trials}.values())
+
+
+def as_row(trial: dict[str, Any], results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One row of the results table from a planned trial and every task's record of it (:func:`recorder`,
+    plus ``test_loss`` and ``test_accuracy``): the plan, test accuracy, final loss (mean of the last eighth of
+    the steps), examples/s (epochs after the first, which traces), whether the workers logged the same losses,
+    and the per-step losses."""
+    import numpy as np
+
+    first = results[0]
+    curve = per_step_losses(first["running_loss"], trial["steps_per_epoch"])
+    timed = first["epoch_seconds"][1:]
+    return {**{name: trial[name] for name in COLUMNS},
+            "test_accuracy": first["test_accuracy"], "test_loss": first["test_loss"],
+            "final_loss": float(np.mean(curve[-max(1, len(curve) // 8):])),
+            "examples_per_second": trial["global_batch"] * trial["steps_per_epoch"] * len(timed) / sum(timed),
+            "wall_seconds": max(r["wall_seconds"] for r in results),
+            "workers_agree": all(np.allclose(r["loss"], first["loss"], rtol=1e-5, equal_nan=True) for r in results),
+            "steps_counted": first["steps_done"], "epoch_loss": first["loss"], "parameters": first["parameters"],
+            "loss_curve": curve, "lr_curve": first["learning_rate"], "pids": sorted(r["pid"] for r in results)}
+
+
+def rows_of(trials: Sequence[dict[str, Any]], trained: Sequence[dict[str, Any]], results) -> list[dict[str, Any]]:
+    """A row per trial of ``trials``, each from the run of ``trained`` (:func:`distinct`) that trains alike;
+    ``results``: what ``cluster.run`` returned, one list per task with one record per trained trial."""
+    done = {same_training(t): as_row(t, [task[n] for task in results]) for n, t in enumerate(trained)}
+    return [{**done[same_training(t)], **{name: t[name] for name in COLUMNS}, "status": "ok"} for t in trials]
+
+
+def step_times(speed):
+    """Milliseconds per step of one worker and of N at the same per-worker batch, from
+    :func:`scaling_efficiency`'s table: what N workers add per step (all-reduce, waiting, contention)."""
+    import pandas as pd
+
+    one = speed[speed["workers"] == 1].set_index("per_worker_batch")["examples_per_second"]
+    rows = []
+    for _, r in speed[speed["workers"] > 1].iterrows():
+        alone = 1000 * r["per_worker_batch"] / one[r["per_worker_batch"]]
+        together = 1000 * r["per_worker_batch"] * r["workers"] / r["examples_per_second"]
+        rows.append({"workers": int(r["workers"]), "per_worker_batch": int(r["per_worker_batch"]),
+                     "ms per step, 1 worker": alone, "ms per step": together, "added ms": together - alone,
+                     "efficiency": r["efficiency"]})
+    return pd.DataFrame(rows).round(2)
+
+
+def summed_third(strategy, optimizer_class) -> float:
+    """The sum across replicas that ``optimizer_class.aggregate_gradients`` makes of the gradient 1/3 given
+    by every replica (a probe of the optimizer's all-reduce; call on every task; imports TensorFlow)."""
+    from ._tf import import_tensorflow
+
+    tf = import_tensorflow()
+    with strategy.scope():
+        variable = tf.Variable([0.0])
+        optimizer = optimizer_class(learning_rate=0.0)
+
+    @tf.function
+    def aggregate():
+        return strategy.run(lambda: optimizer.aggregate_gradients([(tf.constant([1 / 3]), variable)])[0][0])
+
+    return float(strategy.experimental_local_results(aggregate())[0][0])
+
+
+def speed_table(trials: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]):
+    """The speed-options comparison as a table: one row per run (one task's records)."""
+    import pandas as pd
+
+    return pd.DataFrame([{"all-reduce": t["allreduce"], "steps per execution": t["steps_per_execution"],
+                          "steps": t["steps"], "batch-end calls": len(r["running_loss"]), "final loss": r["loss"][-1],
+                          "examples/s": t["global_batch"] * t["steps_per_epoch"] * (t["epochs"] - 1)
+                          / sum(r["epoch_seconds"][1:])} for t, r in zip(trials, records)])

@@ -2,7 +2,7 @@
 
 Not part of ``make test`` (about half an hour on 2 cores): ``make exercises`` runs it, and CI runs it after
 ``make test`` (.ci/run). Each notebook lists those exercises in its metadata
-(:func:`kit.tools.experiments.parameter_exercises`); tests/test_exercises_listed.py checks that the list and
+(:func:`kit.tools.cells.parameter_exercises`); tests/test_exercises_listed.py checks that the list and
 the text agree. The executed notebooks stay in out/exercises/, the failed ones with their error.
 """
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kit.tools.experiments import parameter_exercises, point_name, sweep
+from kit.tools.cells import parameter_exercises
+from kit.tools.experiments import point_name, sweep
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = [p for p in sorted((REPO / "notebooks").glob("[0-9][0-9]*-*.ipynb")) if parameter_exercises(p)]

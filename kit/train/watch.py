@@ -1,0 +1,161 @@
+"""Watching the lesson's training from outside its code: a journal callback, and a watched call.
+
+The notebooks keep their training functions as a learner writes them, with a ``callbacks`` argument
+(``def train(run_dir, ..., callbacks=())``), and run them through :func:`watched`, which passes in a
+:func:`watcher`: it journals every step, the first batch of each attempt, epoch ends and errors in the
+run directory's journal (:class:`kit.train.resilience.Journal`), and feeds the notebook's live view.
+
+    def train_watched(run_dir, **training):
+        return kit.train.watch.watched(train, run_dir, batch_size=global_batch, **training)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ..core.errors import KitError
+from . import progress
+from ._tf import import_tensorflow
+from .resilience import Journal, chief_task, kill_at_step_callback, read_journal, wait_for_step
+
+#: How many labels of the first batch an attempt trained on the journal keeps (to recognise the batch).
+FIRST_LABELS = 16
+
+
+def watcher(run_dir: str | os.PathLike, batch_size: int | None = None):
+    """A Keras callback that watches training from outside the lesson's code and journals it.
+
+    In ``run_dir``'s journal: ``start`` (the global step the attempt starts from, after any restore),
+    ``step`` (global step and ``logs["loss"]`` as logged: the global mean when the model's
+    ``distribute_reduction_method`` is "first", or in a custom loop that reports its reduced loss),
+    ``first_batch`` (the first ``FIRST_LABELS`` labels of the first batch this task trained on in this
+    attempt, under ``fit``: the callback wraps the model's ``train_step`` to see them), ``epoch_end``
+    and ``end``. It also feeds the notebook's live view (``batch_size``: the global batch).
+    Works in a custom loop too, through ``tf.keras.callbacks.CallbackList(callbacks, model=model)``.
+    """
+    tf = import_tensorflow()
+    journal = Journal(run_dir)
+
+    def record_first_batch(labels) -> None:
+        if not watch.saw_batch:
+            watch.saw_batch = True
+            journal.write("first_batch", labels=[int(v) for v in labels.numpy()])
+
+    class Watcher(tf.keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.journal = journal
+            self.meter = progress.Meter(batch_size)
+            self.saw_batch = False
+            self._wrapped = False
+            self._epoch: int | None = None
+
+        def set_model(self, model) -> None:
+            super().set_model(model)
+            if self._wrapped:
+                return
+            original = model.train_step
+
+            def train_step(data):  # fit traces this before the first step: the py_function runs per step
+                tf.py_function(record_first_batch, [data[1][:FIRST_LABELS]], [])
+                return original(data)
+
+            object.__setattr__(model, "train_step", train_step)
+            self._wrapped = True
+
+        def _step(self) -> int:
+            return int(self.model.optimizer.iterations.numpy())
+
+        def on_train_begin(self, logs=None):
+            journal.write("start", initial_step=self._step())
+            self.meter.begin(self.params.get("epochs"), self.params.get("steps"))
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._epoch = epoch + 1
+            self.meter.epoch_begin()
+
+        def on_train_batch_end(self, batch, logs=None):
+            loss = float((logs or {})["loss"])
+            journal.write("step", global_step=self._step(), loss=loss)
+            steps = self.params.get("steps")
+            self.meter.step(self._epoch, batch + 1, loss, force=steps is not None and batch + 1 == steps)
+
+        def on_epoch_end(self, epoch, logs=None):
+            loss = float(logs["loss"]) if logs and "loss" in logs else None
+            journal.write("epoch_end", epoch=int(epoch), loss=loss, global_step=self._step())
+            self.meter.epoch_end(epoch + 1, self.params.get("steps") or 0, loss)
+
+        def on_train_end(self, logs=None):
+            journal.write("end", global_step=self._step())
+
+    watch = Watcher()
+    return watch
+
+
+def watched(train, run_dir: str, *args: Any, batch_size: int | None = None, kill_at_step: int | None = None,
+            kill_task: str = "worker:1", **kwargs: Any) -> Any:
+    """Call the lesson's ``train(run_dir, *args, callbacks=[...], **kwargs)`` on this task, watched.
+
+    The callbacks: a :func:`watcher` (journal and live view) and, with ``kill_at_step``, a
+    :func:`kill_at_step_callback` with which ``kill_task`` SIGKILLs its own process right after that
+    global step (once per run directory, after the chief journaled the step). If ``train`` raises, the
+    journal records the error's type (an ``error`` event), and the error goes on as it was.
+    """
+    watch = watcher(run_dir, batch_size)
+    callbacks = [watch]
+    if kill_at_step is not None:
+        callbacks.append(kill_at_step_callback(run_dir, kill_task, kill_at_step, after_task=chief_task()))
+    try:
+        return train(run_dir, *args, callbacks=callbacks, **kwargs)
+    except Exception as error:
+        watch.journal.write("error", error=type(error).__name__)
+        raise
+
+
+def first_batches(run_dir: str | os.PathLike, task: str = "worker:0") -> dict[int, list[int]]:
+    """Attempt → the first labels of the first batch ``task`` trained on in it (from a :func:`watcher`)."""
+    batches: dict[int, list[int]] = {}
+    for record in read_journal(run_dir):
+        if record["task"] == task and record["event"] == "first_batch":
+            batches.setdefault(record["attempt"], record["labels"])
+    return batches
+
+
+class Killer:
+    """A thread that kills ``task`` (SIGKILL) once the chief's journal in ``run_dir`` records ``step``.
+
+    ``join()`` waits for it and returns the moment of the kill (``time.time()``), or raises what
+    went wrong in the thread (the step never came, the kill failed).
+    """
+
+    def __init__(self, cluster: Any, task: str, run_dir: str | os.PathLike, step: int, timeout: float = 300.0):
+        import threading
+
+        self.task, self.killed_at, self._error = task, None, None
+
+        def kill() -> None:
+            try:
+                wait_for_step(run_dir, "chief:0", step, timeout=timeout)
+                cluster.kill(task)
+                self.killed_at = time.time()
+            except BaseException as error:  # handed to join()
+                self._error = error
+
+        self._thread = threading.Thread(target=kill, name=f"kill {task}", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> float:
+        self._thread.join(timeout)
+        if self._error is not None:
+            raise self._error
+        if self.killed_at is None:
+            raise KitError(f"{self.task} was not killed within the wait. Fix: check that the chief journals "
+                           "the step (resilience.Journal(run_dir).write('step', global_step=...))")
+        return self.killed_at
+
+
+def kill_after_step(cluster: Any, task: str, run_dir: str | os.PathLike, step: int) -> Killer:
+    """Start a :class:`Killer`: ``task`` is SIGKILLed once the chief has journalled ``step``."""
+    return Killer(cluster, task, run_dir, step)

@@ -1,0 +1,75 @@
+"""kit.train.ps helpers of notebook 07: kept objects, the worker's killer, the timeline, step spans."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kit.tools import plots
+from kit.train import ps, resilience, watch
+
+
+def test_kept_makes_one_object_per_factory_and_arguments():
+    made = []
+
+    def factory(*args):
+        made.append(args)
+        return object()
+
+    first = ps.kept(factory, 1, 2)
+    assert ps.kept(factory, 1, 2) is first
+    assert ps.kept(factory, 3) is not first
+    assert made == [(1, 2), (3,)]
+
+
+class FakeCluster:
+    def __init__(self):
+        self.killed = []
+
+    def kill(self, task):
+        self.killed.append(task)
+
+
+def test_killer_kills_once_the_chief_journals_the_step(tmp_path):
+    cluster = FakeCluster()
+    killer = watch.kill_after_step(cluster, "worker:1", tmp_path, 3)
+    resilience.Journal(tmp_path, task="chief:0").write("step", global_step=3)
+    killed_at = killer.join(timeout=30)
+    assert cluster.killed == ["worker:1"] and killed_at <= time.time()
+
+
+def test_killer_hands_its_failure_to_join(tmp_path):
+    killer = watch.Killer(FakeCluster(), "worker:1", tmp_path, 3, timeout=0.2)
+    with pytest.raises(TimeoutError, match="did not reach step 3"):
+        killer.join(timeout=30)
+
+
+def test_span_and_the_timeline_draw_every_step(tmp_path):
+    updates = [{"worker": w, "start": 10.0 + v, "end": 10.5 + v, "staleness": int(v == 2)}
+               for v, w in enumerate([0, 1, 0, 1])]
+    lost = [{"worker": 0, "start": 1.0, "end": 2.0}, {"worker": 1, "start": 1.5, "end": 2.5}]
+    sync = [[{"start": 20.0, "end": 20.9}], [{"start": 20.1, "end": 20.8}]]
+    assert ps.span_seconds(updates) == pytest.approx(3.5)
+    fig = plots.async_vs_sync(updates, lost, sync, "worker:1", 1.8, path=tmp_path / "timeline.png")
+    top, middle, bottom = fig.axes
+    assert (len(top.patches), len(middle.patches), len(bottom.patches)) == (4, 2, 2)
+    assert sum(p.get_facecolor()[0] > 0.8 for p in top.patches) == 1  # the one stale update is red
+    assert (tmp_path / "timeline.png").is_file()
+
+
+@pytest.mark.slow
+def test_step_times_and_placement_on_a_local_model():
+    from kit.train._tf import import_tensorflow
+
+    tf = import_tensorflow()
+    model = tf.keras.Sequential([tf.keras.layers.InputLayer(input_shape=(3,)), tf.keras.layers.Dense(2, name="d")])
+    model.compile(loss="mse", optimizer="sgd")
+    timer = ps.step_times()
+    model.fit(tf.zeros((8, 3)), tf.zeros((8, 2)), batch_size=4, epochs=1, verbose=0, callbacks=[timer])
+    assert len(timer.steps) == 2 and all(s["start"] <= s["end"] for s in timer.steps)
+    metric = tf.keras.metrics.SparseCategoricalAccuracy()
+    rows = {r["variable"]: r for r in ps.placement(model, model.optimizer, metric)}
+    assert {"d.kernel", "d.bias", "optimizer.iterations"} <= set(rows)
+    assert {"sparse_categorical_accuracy.total", "sparse_categorical_accuracy.count"} <= set(rows)
+    assert rows["d.kernel"]["shape"] == [3, 2]
