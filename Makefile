@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test exercises unit quick notebooks binder lab bench faults compat horovod clean chromium netns-tools
+.PHONY: demo test exercises unit quick notebooks binder lab bench faults compat horovod clean chromium netns-tools cluster-tools
 
 LAB_STAMP := $(VENV)/.installed-lab
 
@@ -50,7 +50,16 @@ netns-tools:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }; \
 	fi
 
-unit: $(STAMP) chromium netns-tools
+# Debian's Slurm, munge and OpenSSH server for the emulated cluster (kit sim-cluster; tests/test_slurm_ssh.py):
+# installed with apt-get as root when slurmd is missing. Without root the tests skip and name the command.
+cluster-tools:
+	@if ! command -v slurmd >/dev/null && [ ! -x /usr/sbin/slurmd ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "apt-get install slurm-wlm munge openssh-server (for the emulated Slurm and SSH hosts)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge openssh-server >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge openssh-server >/dev/null; }; \
+	fi
+
+unit: $(STAMP) chromium netns-tools cluster-tools
 	$(BIN)/python -m pytest tests --ignore=tests/exercises
 
 # every exercise that changes only parameters (each notebook's metadata lists them), run with papermill to the

@@ -9,16 +9,30 @@ reach every other). At close it stops only what it started.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal as signals
+import subprocess
+import sys
 import time
 
 import ipyparallel as ipp
 import psutil
+from ipyparallel.cluster.launcher import (BatchSystemLauncher, LocalControllerLauncher, LocalEngineSetLauncher,
+                                         SlurmLauncher, SSHEngineSetLauncher, find_launcher_class)
 
+from . import _lifeline
 from .engines import Engines, engine_report, new_engine_ids, wait_for_one_more_engine
 from .errors import ClusterError, OptionError
 from .options import ClusterOptions, engine_set_id
+
+log = logging.getLogger(__name__)
+#: Slurm job states in which an engine's job still runs (``squeue -o %T``).
+RUNNING_JOB_STATES = {"RUNNING", "CONFIGURING", "SUSPENDED"}
+#: The engine set the kit starts for all tasks at once through a launcher that spreads engines over hosts (SSH).
+ONE_SET = "kit-tasks"
+#: How often a run asks Slurm for its jobs' states, at most (one ``squeue`` for all of them).
+JOB_STATE_PERIOD_S = 2.0
 
 __all__ = ["ForeignEngines", "spread_over_hosts", "wait_for_one_more_engine"]
 
@@ -37,6 +51,9 @@ class ForeignEngines(Engines):
         self.owned_sets: list[str] = []  # engine sets started through the user's ipyparallel.Cluster
         self.owned_controller = False
         self.retired_ids: set[int] = set()  # ids of engines already replaced: not ours any more
+        self.engine_ids: dict[str, int] = {}  # task → its engine's id, since the last start
+        self._states: dict[str, str] = {}     # Slurm job id → state, as squeue last said
+        self._states_at = float("-inf")
 
     def start(self, names: list[str], environments: dict[str, dict[str, str]]) -> dict[str, dict]:
         """Connect, start one engine set per task through the user's launcher if it has none running,
@@ -47,18 +64,25 @@ class ForeignEngines(Engines):
         if self.ipp is not None and not new_engine_ids(self.client, self.retired_ids) and \
                 (self.owned_sets or self.ipp.engines == {}):
             self.owned_sets = []
-            for name in names:  # the user's launcher (SSH, Slurm, MPI, ...) starts one set per task
-                self.ipp.start_engines_sync(n=1, engine_set_id=engine_set_id(name))
-                self.owned_sets.append(engine_set_id(name))
+            if self._one_set_per_task():  # one batch job (or local set) per task: a whole node each
+                for name in names:
+                    self.ipp.start_engines_sync(n=1, engine_set_id=engine_set_id(name))
+                    self.owned_sets.append(engine_set_id(name))
+            else:  # SSH, MPI: one set of len(names) engines spreads them over the hosts the launcher lists
+                self.ipp.start_engines_sync(n=len(names), engine_set_id=ONE_SET)
+                self.owned_sets.append(ONE_SET)
         deadline = time.monotonic() + self.options.start_timeout
         while len(new_engine_ids(self.client, self.retired_ids)) < len(names) and time.monotonic() < deadline:
             wait_for_one_more_engine(self.client)
         ids = sorted(new_engine_ids(self.client, self.retired_ids))
         if len(ids) < len(names):
+            queued = self._queued_jobs()
+            fix = ("raise start_timeout to cover the time the jobs wait in the queue, or ask for less "
+                   "(fewer workers, a shorter --time, another partition)") if queued else \
+                "start more engines (e.g. ipcluster engines -n ...)"
             raise ClusterError(f"too few engines: {len(ids)} registered within "
                                f"{self.options.start_timeout:g}s, but the tasks {', '.join(names)} need "
-                               f"{len(names)}. Fix: start more engines (e.g. ipcluster engines -n ...)",
-                               names[len(ids):])
+                               f"{len(names)}{queued}. Fix: {fix}", names[len(ids):])
         reports = {}
         for engine_id in ids:
             try:
@@ -71,7 +95,10 @@ class ForeignEngines(Engines):
             detail = ", ".join(f"engine {i} on {r['hostname']}: {r['tensorflow_version']}" for i, r in reports.items())
             raise ClusterError(f"the engines have different TensorFlow versions ({detail}). Fix: install "
                                "the same tensorflow on every engine host (see pyproject.toml)")
-        return {name: reports[engine_id] for name, engine_id in zip(names, spread_over_hosts(reports))}
+        chosen = dict(zip(names, spread_over_hosts(reports)))
+        self.engine_ids = chosen
+        self._states_at = float("-inf")
+        return {name: reports[engine_id] for name, engine_id in chosen.items()}
 
     def replace(self, names: list[str], environments: dict[str, dict[str, str]]) -> dict[str, dict]:
         if not self.owned_sets:
@@ -85,7 +112,17 @@ class ForeignEngines(Engines):
         self.client.send_signal(int(sig), targets=[engine_id], block=True)
 
     def alive(self, name: str) -> bool:
-        return True  # its process is on another host: the controller's heartbeats tell
+        """Whether task ``name``'s engine still runs, as far as can be seen from here: it is still
+        registered with the controller (its nanny reports its death at once; a lost host, after the
+        heartbeats stop), and, for a Slurm job, the job still runs (``scancel`` or a node failure ends the
+        nanny too, and the heartbeats take ~30 s to tell)."""
+        engine_id = self.engine_ids.get(name)
+        if engine_id is not None and self.client is not None and engine_id not in self.client.ids:
+            return False
+        job = self._job_ids().get(engine_set_id(name))
+        if job is None:
+            return True
+        return self._slurm_states().get(job) in RUNNING_JOB_STATES
 
     def task_host(self, report: dict) -> str:
         return report["address"]  # the address its engine reaches the controller from
@@ -112,7 +149,16 @@ class ForeignEngines(Engines):
         if isinstance(source, ipp.Cluster):
             self.ipp = source
             if source.controller is None:
-                source.start_controller_sync()
+                launcher = source.controller_launcher_class
+                if launcher in ("local", LocalControllerLauncher) or launcher is None:
+                    # tied to this process by a lifeline (kit.core._lifeline), as a local cluster's: a killed
+                    # kernel takes the controller with it, and the engines on the other hosts then exit
+                    # after IPEngine.max_heartbeat_misses (their jobs end, their hosts are left clean)
+                    source.start_controller_sync(
+                        controller_cmd=[sys.executable, "-m", "kit.core._boot", "ipyparallel.controller"],
+                        environment={_lifeline.LIFELINE_VAR: _lifeline.token(os.getpid())})
+                else:  # a controller in a batch job, say: its host cannot see this process
+                    source.start_controller_sync()
                 self.owned_controller = True
             self.client = source.connect_client_sync()
             return
@@ -122,6 +168,58 @@ class ForeignEngines(Engines):
                               "give the path of the controller's ipcontroller-client.json "
                               "(in the profile's security/ folder)")
         self.client = ipp.Client(url_file=path)
+
+    def _one_set_per_task(self) -> bool:
+        """Whether the user's engine launcher starts one engine per set where the kit asks for one: a batch
+        system's (a job per set) or the local one. An SSH launcher given n=1 starts it on the first host it
+        lists, every time; MPI's starts one mpiexec per set."""
+        launcher = self.ipp.engine_launcher_class
+        if isinstance(launcher, str):
+            launcher = find_launcher_class(launcher, "engine")
+        if issubclass(launcher, SSHEngineSetLauncher):   # a LocalEngineSetLauncher too
+            return False
+        return issubclass(launcher, (BatchSystemLauncher, LocalEngineSetLauncher))
+
+    def _job_ids(self) -> dict[str, str]:
+        """Engine set → its Slurm job id, for the sets this cluster submitted as Slurm jobs."""
+        if self.ipp is None:
+            return {}
+        launchers = {set_id: self.ipp.engines.get(set_id) for set_id in self.owned_sets}
+        return {set_id: launcher.job_id for set_id, launcher in launchers.items()
+                if isinstance(launcher, SlurmLauncher) and getattr(launcher, "job_id", "")}
+
+    def _slurm_states(self) -> dict[str, str]:
+        """Job id → Slurm state (RUNNING, PENDING, COMPLETING, ...) of this cluster's jobs; asked at most every
+        :data:`JOB_STATE_PERIOD_S` (a run checks its tasks every 0.2 s); a job squeue no longer shows is absent."""
+        now = time.monotonic()
+        if now - self._states_at >= JOB_STATE_PERIOD_S:
+            jobs = list(self._job_ids().values())
+            shown = subprocess.run(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i %T"], capture_output=True,
+                                   text=True, timeout=30) if jobs else None
+            if shown is not None and shown.returncode != 0 and "Invalid job id" not in shown.stderr:
+                log.warning("squeue failed (the jobs' states are unknown): %s", shown.stderr.strip())
+                return self._states   # keep the last known states
+            self._states = dict(line.split()[:2] for line in (shown.stdout if shown else "").splitlines()
+                                if len(line.split()) >= 2)
+            self._states_at = now
+        return self._states
+
+    def _queued_jobs(self) -> str:
+        """The Slurm jobs of the engine sets this cluster submitted, with each one's state and Slurm's reason
+        (``squeue``), for the error of a start that timed out; "" when no set is a Slurm job."""
+        jobs = self._job_ids()
+        if not jobs:
+            return ""
+        shown = subprocess.run(["squeue", "-h", "-j", ",".join(jobs.values()), "-o", "%i %T %r"],
+                               capture_output=True, text=True, timeout=30)
+        if shown.returncode != 0:
+            log.warning("squeue failed: %s", shown.stderr.strip())
+        states = {}
+        for line in shown.stdout.splitlines():
+            job, state, reason = (line.split(None, 2) + ["", ""])[:3]
+            states[job] = f"{state}, reason: {reason}" if reason and reason != "None" else state
+        described = [f"{set_id} job {job} ({states.get(job, 'no longer in the queue')})" for set_id, job in jobs.items()]
+        return f"; the engine jobs: {', '.join(described)}"
 
     def _stop_owned_sets(self) -> None:
         """SIGKILL the engines of the sets this cluster started (as local engines: their state is thrown
@@ -133,6 +231,8 @@ class ForeignEngines(Engines):
                     launcher.signal(signals.SIGKILL)
                 except psutil.NoSuchProcess:
                     continue  # already dead: typically the task whose failure led here
+                except subprocess.CalledProcessError as error:  # the SSH launcher's remote kill found no process
+                    log.info("SIGKILL to engine %s on its host failed (already gone?): %s", launcher, error)
             self.ipp.stop_engines_sync(set_id)
 
 

@@ -328,6 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "as a Markdown table or writes it to --out "
                                    "(docs/keras-compatibility.md is the committed one).")
     _delegate(p, "compat")
+
+    p = sub.add_parser("sim-cluster", help="emulated hosts with Slurm and SSH on this machine (root only)",
+                       description="A cluster in a box (kit.tools.sim_cluster): network namespaces with slurmd "
+                                   "and sshd, munged and slurmctld here; for trying the Slurm and SSH profiles.")
+    _delegate(p, "sim_cluster")
     return parser
 
 
