@@ -60,7 +60,7 @@ cluster-tools:
 	fi
 
 unit: $(STAMP) chromium netns-tools cluster-tools
-	$(BIN)/python -m pytest tests --ignore=tests/exercises
+	$(BIN)/python -m pytest tests --ignore=tests/exercises --durations=25  # the 25 slowest: where make test's 20 minutes go
 
 # every exercise that changes only parameters (each notebook's metadata lists them), run with papermill to the
 # end as a learner would in a fresh notebook; its own target, since it takes longer than make test allows

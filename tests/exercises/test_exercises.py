@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kit.tools.cells import parameter_exercises
-from kit.tools.experiments import point_name, sweep
+from kit.tools.experiments import sweep
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = [p for p in sorted((REPO / "notebooks").glob("[0-9][0-9]*-*.ipynb")) if parameter_exercises(p)]
@@ -22,11 +22,11 @@ CELL_TIMEOUT = 600  # seconds for one cell, as papermill counts (the notebooks' 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem.split("-")[0])
 def test_every_parameter_exercise_runs_to_the_end(notebook, monkeypatch):
     monkeypatch.setenv("KIT_VIEW", "text")
-    listed = parameter_exercises(notebook)
     out = REPO / "out" / "exercises" / notebook.stem
-    table = sweep(notebook, [entry["parameters"] for entry in listed], out, resume=False,
-                  timeout=CELL_TIMEOUT, progress=False)
-    failed = table[table["status"] != "ok"]
-    number = {f"{point_name(notebook.stem, e['parameters'])}.ipynb": e["exercise"] for e in listed}
-    assert failed.empty, "\n".join(f"exercise {number.get(row['notebook'], '?')} ({out / row['notebook']}): "
-                                   f"{row['error']}" for _, row in failed.iterrows())
+    failed = []
+    for entry in parameter_exercises(notebook):  # one sweep each: a sweep's points set the same parameters
+        folder = out / f"exercise-{entry['exercise']}"
+        table = sweep(notebook, [entry["parameters"]], folder, resume=False, timeout=CELL_TIMEOUT, progress=False)
+        failed += [f"exercise {entry['exercise']} ({folder / row['notebook']}): {row['error']}"
+                   for _, row in table.iterrows() if row["status"] != "ok"]
+    assert not failed, "\n".join(failed)
