@@ -46,8 +46,18 @@ def sim():
         if os.environ.get("CI"):
             pytest.fail("an emulated cluster needs " + "; ".join(problems))
         pytest.skip("an emulated cluster needs " + "; ".join(problems))
+    before = set(temporary_leftovers())
     with SimCluster(hosts=2) as made:
         yield made
+    left = sorted(set(temporary_leftovers()) - before)
+    assert not left, f"the engines on the emulated hosts left {len(left)} entries in /tmp, e.g. {left[:3]}"
+
+
+def temporary_leftovers() -> list[str]:
+    """What an engine can leave in the hosts' temporary folder (they share this machine's /tmp)."""
+    import tempfile
+    return [name for name in os.listdir(tempfile.gettempdir())
+            if name.startswith(("__autograph_generated_file", "kit-engine-"))]
 
 
 @pytest.fixture

@@ -76,6 +76,54 @@ def set_environment(values: dict[str, str]) -> dict[str, Any]:
     return report()
 
 
+#: An engine from elsewhere gets a TMPDIR of its own under its host's temporary folder (:func:`own_tmpdir`),
+#: named ``kit-engine-<pid>-<start time>``; the host's folder is kept in ``KIT_HOST_TMPDIR``.
+OWN_TMP_PREFIX = "kit-engine-"
+HOST_TMP_VAR = "KIT_HOST_TMPDIR"
+
+
+def own_tmpdir() -> str:
+    """Give this engine a TMPDIR of its own, and remove those of this host's engines that are gone.
+
+    For engines the kit did not launch (SSH, Slurm): AutoGraph writes a module per converted function to the
+    temporary folder and deletes them at exit, and an engine ended with SIGKILL (a restart, a lost task) runs
+    no exit handler. So each engine writes into its own folder, removes it at a normal exit, and removes the
+    folders of engines on this host whose process is gone (pid and start time, :mod:`kit.core._lifeline`).
+    Local engines get theirs in the cluster's folder at launch instead (:mod:`kit.core.workdir`).
+    """
+    import atexit
+    import shutil
+    import tempfile
+
+    from . import _lifeline
+
+    base = os.environ.get(HOST_TMP_VAR) or tempfile.gettempdir()
+    os.environ[HOST_TMP_VAR] = base
+    for entry in os.listdir(base):
+        if not entry.startswith(OWN_TMP_PREFIX):
+            continue
+        pid, _, start = entry[len(OWN_TMP_PREFIX):].partition("-")
+        if pid.isdigit() and not _lifeline.is_alive(int(pid), float(start or 0)):
+            try:
+                shutil.rmtree(os.path.join(base, entry))
+            except FileNotFoundError:
+                continue  # another engine on this host removed it first
+    mine = os.path.join(base, f"{OWN_TMP_PREFIX}{_lifeline.token(os.getpid()).replace(':', '-')}")
+    os.makedirs(mine, mode=0o700, exist_ok=True)
+    os.environ["TMPDIR"] = mine
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    atexit.register(shutil.rmtree, mine, True)
+    return mine
+
+
+def remove_own_tmpdir() -> None:
+    """Remove this engine's own TMPDIR (:func:`own_tmpdir`), just before the kit ends it with SIGKILL."""
+    import shutil
+
+    if os.environ.get(HOST_TMP_VAR) and os.path.basename(os.environ.get("TMPDIR", "")).startswith(OWN_TMP_PREFIX):
+        shutil.rmtree(os.environ["TMPDIR"], ignore_errors=True)
+
+
 #: A local engine's launch variable (``ClusterOptions.preload``): import TensorFlow in the background as the
 #: engine starts (:mod:`kit.core._boot`), while the kit gives the tasks their roles. TensorFlow reads TF_CONFIG
 #: when a strategy is built and starts its runtime at the first op, so both still take effect; the

@@ -21,7 +21,7 @@ import psutil
 from ipyparallel.cluster.launcher import (BatchSystemLauncher, LocalControllerLauncher, LocalEngineSetLauncher,
                                          SlurmLauncher, SSHEngineSetLauncher, find_launcher_class)
 
-from . import _lifeline
+from . import _lifeline, _remote
 from .engines import Engines, engine_report, new_engine_ids, wait_for_one_more_engine
 from .errors import ClusterError, OptionError
 from .options import ClusterOptions, engine_set_id
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 RUNNING_JOB_STATES = {"RUNNING", "CONFIGURING", "SUSPENDED"}
 #: The engine set the kit starts for all tasks at once through a launcher that spreads engines over hosts (SSH).
 ONE_SET = "kit-tasks"
+#: How long the engines may take to remove their temporary folders before they are stopped.
+TMPDIR_TIMEOUT_S = 10.0
 #: How often a run asks Slurm for its jobs' states, at most (one ``squeue`` for all of them).
 JOB_STATE_PERIOD_S = 2.0
 
@@ -97,6 +99,7 @@ class ForeignEngines(Engines):
                                "the same tensorflow on every engine host (see pyproject.toml)")
         chosen = dict(zip(names, spread_over_hosts(reports)))
         self.engine_ids = chosen
+        self.client[list(chosen.values())].apply_sync(_remote.own_tmpdir)  # what a SIGKILL leaves goes too
         self._states_at = float("-inf")
         return {name: reports[engine_id] for name, engine_id in chosen.items()}
 
@@ -204,6 +207,16 @@ class ForeignEngines(Engines):
             self._states_at = now
         return self._states
 
+    def _remove_tmpdirs(self) -> None:
+        """Ask the live engines of this cluster to remove their own TMPDIR before they are killed (one bounded
+        round; a dead engine's folder goes when the next engine starts on its host)."""
+        live = [i for i in self.engine_ids.values() if self.client is not None and i in self.client.ids]
+        if not live:
+            return
+        result = self.client[live].apply_async(_remote.remove_own_tmpdir)
+        if not result.wait(TMPDIR_TIMEOUT_S):
+            log.warning("engines %s did not remove their temporary folders within %s s", live, TMPDIR_TIMEOUT_S)
+
     def _queued_jobs(self) -> str:
         """The Slurm jobs of the engine sets this cluster submitted, with each one's state and Slurm's reason
         (``squeue``), for the error of a start that timed out; "" when no set is a Slurm job."""
@@ -225,6 +238,7 @@ class ForeignEngines(Engines):
         """SIGKILL the engines of the sets this cluster started (as local engines: their state is thrown
         away), then stop the sets through the user's launcher."""
         self.retired_ids.update(self.client.ids if self.client is not None else [])
+        self._remove_tmpdirs()
         for set_id in self.owned_sets:
             for launcher in getattr(self.ipp.engines.get(set_id), "launchers", {}).values():
                 try:
