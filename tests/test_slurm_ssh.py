@@ -39,13 +39,16 @@ import mnist_slurm  # noqa: E402 (the engines import it by name, from PYTHONPATH
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::kit.core.errors.ExposedPortsWarning")]
 
 
-@pytest.fixture(scope="module")
-def sim():
+def require_sim_tools() -> None:
+    """Skip (fail on CI) where no emulated cluster can be made, naming what is missing."""
     problems = sim_cluster.missing()
     if problems:
-        if os.environ.get("CI"):
-            pytest.fail("an emulated cluster needs " + "; ".join(problems))
-        pytest.skip("an emulated cluster needs " + "; ".join(problems))
+        (pytest.fail if os.environ.get("CI") else pytest.skip)("an emulated cluster needs " + "; ".join(problems))
+
+
+@pytest.fixture(scope="module")
+def sim():
+    require_sim_tools()
     before = set(temporary_leftovers())
     with SimCluster(hosts=2) as made:
         yield made
@@ -119,10 +122,7 @@ def wait_until(condition, timeout: float, what: str):
 
 
 def test_the_emulated_cluster_comes_up_and_leaves_nothing(tmp_path):
-    problems = sim_cluster.missing()
-    if problems:
-        pytest.fail("an emulated cluster needs " + "; ".join(problems)) if os.environ.get("CI") else \
-            pytest.skip("; ".join(problems))
+    require_sim_tools()
     started = time.monotonic()
     sim = SimCluster(hosts=2, root=tmp_path / "sim").up()
     up_s = time.monotonic() - started

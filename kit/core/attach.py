@@ -99,7 +99,12 @@ class ForeignEngines(Engines):
                                "the same tensorflow on every engine host (see pyproject.toml)")
         chosen = dict(zip(names, spread_over_hosts(reports)))
         self.engine_ids = chosen
-        self.client[list(chosen.values())].apply_sync(_remote.own_tmpdir)  # what a SIGKILL leaves goes too
+        given = self.client[list(chosen.values())].apply_async(_remote.own_tmpdir)  # what a SIGKILL leaves goes too
+        if not given.wait(TMPDIR_TIMEOUT_S):
+            raise ClusterError(f"the engines {', '.join(chosen)} did not make their temporary folders within "
+                               f"{TMPDIR_TIMEOUT_S:g}s", fix="check the engines' hosts (a full /tmp, a hung "
+                               "file system) and start again", tasks=list(chosen))
+        given.get()
         self._states_at = float("-inf")
         return {name: reports[engine_id] for name, engine_id in chosen.items()}
 
@@ -196,14 +201,10 @@ class ForeignEngines(Engines):
         :data:`JOB_STATE_PERIOD_S` (a run checks its tasks every 0.2 s); a job squeue no longer shows is absent."""
         now = time.monotonic()
         if now - self._states_at >= JOB_STATE_PERIOD_S:
-            jobs = list(self._job_ids().values())
-            shown = subprocess.run(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i %T"], capture_output=True,
-                                   text=True, timeout=30) if jobs else None
-            if shown is not None and shown.returncode != 0 and "Invalid job id" not in shown.stderr:
-                log.warning("squeue failed (the jobs' states are unknown): %s", shown.stderr.strip())
-                return self._states   # keep the last known states
-            self._states = dict(line.split()[:2] for line in (shown.stdout if shown else "").splitlines()
-                                if len(line.split()) >= 2)
+            shown = _squeue(list(self._job_ids().values()))
+            if shown is None:
+                return self._states   # squeue failed: keep the last known states
+            self._states = {job: state for job, (state, _) in shown.items()}
             self._states_at = now
         return self._states
 
@@ -223,14 +224,9 @@ class ForeignEngines(Engines):
         jobs = self._job_ids()
         if not jobs:
             return ""
-        shown = subprocess.run(["squeue", "-h", "-j", ",".join(jobs.values()), "-o", "%i %T %r"],
-                               capture_output=True, text=True, timeout=30)
-        if shown.returncode != 0:
-            log.warning("squeue failed: %s", shown.stderr.strip())
-        states = {}
-        for line in shown.stdout.splitlines():
-            job, state, reason = (line.split(None, 2) + ["", ""])[:3]
-            states[job] = f"{state}, reason: {reason}" if reason and reason != "None" else state
+        shown = _squeue(list(jobs.values())) or {}
+        states = {job: f"{state}, reason: {reason}" if reason and reason != "None" else state
+                  for job, (state, reason) in shown.items()}
         described = [f"{set_id} job {job} ({states.get(job, 'no longer in the queue')})" for set_id, job in jobs.items()]
         return f"; the engine jobs: {', '.join(described)}"
 
@@ -248,6 +244,20 @@ class ForeignEngines(Engines):
                 except subprocess.CalledProcessError as error:  # the SSH launcher's remote kill found no process
                     log.info("SIGKILL to engine %s on its host failed (already gone?): %s", launcher, error)
             self.ipp.stop_engines_sync(set_id)
+
+
+def _squeue(jobs: list[str]) -> dict[str, tuple[str, str]] | None:
+    """Job id → (state, reason) of ``jobs`` as ``squeue`` shows them (a finished job is absent); None if squeue
+    failed, with a warning."""
+    if not jobs:
+        return {}
+    shown = subprocess.run(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i %T %r"], capture_output=True,
+                           text=True, timeout=30)
+    if shown.returncode != 0 and "Invalid job id" not in shown.stderr:
+        log.warning("squeue failed (the jobs' states are unknown): %s", shown.stderr.strip())
+        return None
+    rows = (line.split(None, 2) + ["", ""] for line in shown.stdout.splitlines() if line.strip())
+    return {job: (state, reason.strip()) for job, state, reason, *_ in rows}
 
 
 def spread_over_hosts(reports: dict[int, dict]) -> list[int]:

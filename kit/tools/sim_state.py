@@ -141,7 +141,8 @@ def teardown(state: State) -> None:
         result = run_command("ip", "link", "delete", link, what=f"delete {link}", check=False)
         if result.returncode != 0 and "Cannot find device" not in result.stderr:
             errors.append(result.stderr.strip())
-    shutil.rmtree(state.root, ignore_errors=False) if Path(state.root).exists() else None
+    if Path(state.root).exists():
+        shutil.rmtree(state.root)
     if errors:
         raise SimClusterError("the emulated cluster was not removed cleanly: " + "; ".join(errors),
                               fix="run `kit sim-cluster down --dir DIR` again, or remove what is named by hand")
