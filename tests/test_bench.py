@@ -1,4 +1,7 @@
-"""kit.tools.bench's bookkeeping: goals judged from a report, and the printed table (no timing here)."""
+"""kit.tools.bench's bookkeeping: goals judged from a report, the printed table, the Slurm section's skip and
+record (no timing here but in the one slow test, a round of the Slurm section)."""
+
+import pytest
 
 from kit.tools.bench import check_goals, format_report
 
@@ -66,3 +69,70 @@ def test_the_launch_goal_is_the_first_step_within_a_second_of_the_plain_launch()
     behind = {"launch": {"first_step_behind_plain_s": 0.4}}
     assert check_goals(behind)["first_step_behind_plain_s"] == {"value": 0.4, "target": "<= 1", "met": True}
     assert not check_goals({"launch": {"first_step_behind_plain_s": 2.5}})["first_step_behind_plain_s"]["met"]
+
+
+# ----- kit bench --only slurm (kit.tools.slurm_bench) ---------------------------------------------
+def test_the_slurm_section_is_skipped_with_the_reason_where_no_emulated_cluster_can_be_made(monkeypatch):
+    from kit.tools import bench, sim_cluster
+
+    monkeypatch.setattr(sim_cluster, "missing", lambda: ["root: network namespaces need it"])
+    lines = []
+    report = bench.run(repeats=1, sections=("slurm",), log=lines.append)
+    assert report["slurm_skipped"] == "an emulated cluster needs root: network namespaces need it"
+    assert "slurm" not in report and lines == [f"slurm: skipped, {report['slurm_skipped']}"]
+    assert "slurm start-up: skipped, an emulated cluster needs root" in bench.format_report(report)
+
+
+def test_the_slurm_record_holds_each_run_and_the_medians():
+    from kit.tools import bench, slurm_bench
+
+    runs = {"local": [{"started": 3.0, "imported": 3.1, "strategy": 4.0},
+                      {"started": 3.4, "imported": 3.5, "strategy": 4.6},
+                      {"started": 2.8, "imported": 2.9, "strategy": 3.9}],
+            "slurm": [{"started": 6.0, "imported": 8.5, "strategy": 9.0},
+                      {"started": 7.0, "imported": 9.1, "strategy": 9.8},
+                      {"started": 6.5, "imported": 8.8, "strategy": 9.4}]}
+    record = slurm_bench.summarize(runs)
+    assert record["runs"] is runs
+    assert record["median"] == {"local": {"started": 3.0, "imported": 3.1, "strategy": 4.0},
+                                "slurm": {"started": 6.5, "imported": 8.8, "strategy": 9.4}}
+    assert record["slurm_behind_local_s"] == 5.4
+    text = bench.format_report({"slurm": record})
+    assert "slurm start-up, local  started 3.0s, imported 3.1s, strategy 4.0s" in text
+    assert "slurm start-up, slurm  started 6.5s, imported 8.8s, strategy 9.4s" in text
+
+
+def test_the_slurm_profile_is_installed_with_the_login_nodes_address(tmp_path):
+    from kit.tools import slurm_bench
+
+    folder = slurm_bench.install_profile("10.70.1.1", tmp_path / "profile_kit-slurm")
+    text = (folder / "ipcluster_config.py").read_text()
+    assert 'c.Cluster.controller_location = "10.70.1.1"' in text and "login1" not in text
+    assert 'engine_launcher_class = "slurm"' in text
+
+
+@pytest.mark.slow
+def test_the_slurm_section_times_both_kinds_and_leaves_nothing_running():
+    """One round (23 s here: the emulated cluster up and down, one local and one Slurm start)."""
+    import os
+    import subprocess
+
+    from conftest import describe, kit_processes
+    from kit.tools import slurm_bench
+
+    why = slurm_bench.why_not()
+    if why:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    conf, lines, report = os.environ.get("SLURM_CONF"), [], {}
+    slurm_bench.section(report, lines.append, repeats=1)
+    record = report["slurm"]
+    for kind in slurm_bench.KINDS:
+        (run,) = record["runs"][kind]
+        assert 0 < run["started"] <= run["imported"] <= run["strategy"] < slurm_bench.START_TIMEOUT_S, (kind, run)
+    assert record["median"]["slurm"]["strategy"] - record["median"]["local"]["strategy"] == pytest.approx(
+        record["slurm_behind_local_s"], abs=0.002)
+    assert lines[0].startswith("slurm rep 1: local started") and "strategy built" in lines[-1]
+    assert os.environ.get("SLURM_CONF") == conf  # the Slurm runs' environment is this process's again
+    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == namespaces
+    assert not kit_processes(os.getpid()), describe(kit_processes(os.getpid()))

@@ -43,10 +43,24 @@ def test_a_missing_notebook_or_tag_says_the_fix(tmp_path):
         cells.run_tagged(notebook, "training")
 
 
-@pytest.mark.parametrize("lesson, names", [
-    ("08-scaling-experiments.ipynb", {"mnist_dataset", "build_and_compile_cnn_model", "train", "train_points", "plan"}),
-    ("10-critical-batch-size.ipynb", {"accumulation_step", "worker_step"}),
+@pytest.mark.parametrize("lesson, tag, names", [
+    ("08-scaling-experiments.ipynb", "training",
+     {"mnist_dataset", "build_and_compile_cnn_model", "train", "train_points", "plan"}),
+    ("10-critical-batch-size.ipynb", "training", {"accumulation_step", "worker_step"}),
+    ("02-mirrored-and-local-strategies.ipynb", "training",
+     {"build_toy_model", "mnist_datasets", "build_model", "decay"}),
+    ("02b-cross-device-ops-and-other-strategies.ipynb", "training", {"cross_device_ops", "train_with"}),
+    ("04-dataset-sharding.ipynb", "sharding", {"read_ids", "ids_per_step", "ids_seen", "with_policy",
+                                               "what_each_worker_sees", "shard_by_hand"}),
 ])
-def test_the_lessons_training_cells_only_define(lesson, names):
-    namespace = cells.run_tagged(REPO / "notebooks" / lesson, "training")   # no TensorFlow: functions only
+def test_the_lessons_training_cells_only_define(lesson, tag, names):
+    namespace = cells.run_tagged(REPO / "notebooks" / lesson, tag)   # no TensorFlow: functions only
     assert names <= {name for name, value in namespace.items() if callable(value)}
+
+
+def test_06s_training_cells_only_define_after_its_parameters():
+    """06's ``train`` takes EPOCHS as a default: its cells run after the parameters cell, as in the notebook."""
+    namespace = cells.run_tagged(REPO / "notebooks" / "06-custom-training-loop.ipynb", "parameters")
+    cells.run_tagged(REPO / "notebooks" / "06-custom-training-loop.ipynb", "training", namespace)
+    assert {"mnist_datasets", "build_model", "make_train_step", "evaluate", "make_checkpoint", "custom_loop",
+            "fit_and_evaluate", "make_strategy", "train"} <= set(namespace)

@@ -1,14 +1,28 @@
-"""kit.train.custom_loop: the guide's distributed loop matches model.fit, measured on a fresh engine."""
+"""Notebook 06's custom loop (its cells tagged ``training``) matches model.fit, measured on a fresh engine."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from kit.train import custom_loop
+import kit
+from conftest import REPO
 from kit.core.errors import OptionError
+from kit.tools import cells
 from kit.train.scaling import per_step_losses
 from kit.train.strategies import build_strategy
+
+LESSON_06 = REPO / "notebooks" / "06-custom-training-loop.ipynb"
+#: 06's parameters, made small: six epochs of one step each, so that each epoch's loss is one step's loss.
+SMALL = dict(LOGICAL_CPUS=2, PER_REPLICA_BATCH=16, EXAMPLES=512, EPOCHS=6, STEPS_PER_EPOCH=1, EVAL_STEPS=2)
+
+
+def lesson_06() -> dict:
+    """06's `parameters` cell with :data:`SMALL` over it, then its cells tagged ``training`` (``train`` takes
+    ``EPOCHS`` as its default when the cell runs)."""
+    namespace = cells.run_tagged(LESSON_06, "parameters", {"__name__": "__main__", "kit": kit})
+    namespace.update(SMALL)
+    return cells.run_tagged(LESSON_06, "training", namespace)
 
 
 def test_step_losses_come_back_from_running_means():
@@ -22,12 +36,6 @@ def test_unknown_strategy_names_the_choices():
     assert refused.value.field == "strategy" and "mirrored" in refused.value.fix
 
 
-def test_loop_vs_fit_figure_draws_both_runs(tmp_path):
-    result = {"loop": {"step_loss": [2.0, 1.5, 1.0]}, "fit": {"step_loss": [2.0, 1.5, 1.0]}}
-    fig = custom_loop.loop_vs_fit_figure({"a": result, "b": result}, path=tmp_path / "f.png")
-    assert len(fig.axes[0].lines) == 4 and (tmp_path / "f.png").is_file()
-
-
 @pytest.fixture(scope="module")
 def one_task():
     """A one-task cluster: a fresh process whose CPU can still be split."""
@@ -38,18 +46,21 @@ def one_task():
 
 
 @pytest.mark.slow
-def test_loop_and_fit_agree_on_mirrored_strategy(one_task):
-    result = one_task.with_options(stream=False).run(custom_loop.loop_and_fit, strategy="mirrored",
-        per_replica_batch=16, epochs=2, steps_per_epoch=3, eval_steps=2, logical_cpus=2)[0]
+def test_loop_and_fit_agree_on_mirrored_strategy(one_task, tmp_path):
+    code = lesson_06()
+    result = one_task.with_options(stream=False).run(code["train"], "mirrored", str(tmp_path / "checkpoints"))[0]
     loop, fit = result["loop"], result["fit"]
-    assert loop["replicas"] == 2 and len(loop["devices"]) == 2 and loop["global_batch"] == 32
-    assert len(loop["step_loss"]) == len(fit["step_loss"]) == 6
-    assert np.allclose(loop["step_loss"], fit["step_loss"], rtol=1e-4, atol=1e-5)
-    assert np.allclose(loop["epoch_loss"], fit["epoch_loss"], rtol=1e-4)
+    assert result["replicas"] == 2 and len(result["devices"]) == 2 and result["global_batch"] == 32
+    assert result["regularization_losses"] == 3                    # L2 on every kernel: model.losses not empty
+    assert len(loop["step_loss"]) == len(loop["epoch_loss"]) == len(fit["epoch_loss"]) == 6
+    assert loop["epoch_loss"] == loop["step_loss"]                 # one step per epoch: each epoch's loss is a step's
+    assert np.allclose(loop["epoch_loss"], fit["epoch_loss"], rtol=1e-4, atol=1e-5)   # every step's loss
+    assert np.allclose(loop["accuracy"], fit["accuracy"], atol=1e-6)
     assert result["max_weight_difference"] < 1e-4 < result["max_weight_change"]
-    local = loop["first_step_local_losses"]
-    assert len(local) == 2 and np.isclose(sum(local), loop["first_step_loss"], rtol=1e-5)
-    assert loop["eval_examples"] == 2 * 32 and loop["eval_accuracy"] == pytest.approx(fit["eval_accuracy"])
+    local = loop["local_losses"]
+    assert len(local) == 2 and np.isclose(sum(local), loop["step_loss"][0], rtol=1e-5)
+    assert loop["test_examples"] == 2 * 32 and loop["test_accuracy"] == pytest.approx(fit["test_accuracy"])
+    assert [p.rsplit("/", 1)[-1] for p in loop["saved_to"]] == [f"ckpt-{e}" for e in range(1, 7)]
 
 
 @pytest.mark.slow

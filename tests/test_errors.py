@@ -53,6 +53,8 @@ def test_failures_exhausted_ends_with_its_fix():
 
     error = FailuresExhaustedError("train", [Failure(), Failure()])
     assert str(error).endswith(f"Fix: {FailuresExhaustedError.fix}") and error.fix == FailuresExhaustedError.fix
+    with_logs = FailuresExhaustedError("train", [Failure(), Failure()], "\n--- last lines of worker:0's log ---\nL")
+    assert "worker:0's log ---\nL\nFix:" in str(with_logs)
 
 
 def test_first_line_drops_tensorflow_prefixes_and_frames():

@@ -1,4 +1,5 @@
-"""kit.train.mirrored and kit.train.probes: the guide's tables, log reading, logical CPUs, the measuring callback."""
+"""Notebook 02's guide pieces and 02b's cross-device ops (their cells tagged ``training``), kit.train.mirrored (log
+reading, logical CPUs) and kit.train.probes (the captured log, the measuring callback)."""
 
 import os
 import subprocess
@@ -9,19 +10,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import REPO
+from kit.tools import cells
 from kit.train import mirrored, probes
 from kit.train._tf import import_tensorflow
-from kit.core.errors import KitError
+
+LESSON_02 = REPO / "notebooks" / "02-mirrored-and-local-strategies.ipynb"
+#: 02's cells tagged "training" (02b runs them too): `build_toy_model`, `mnist_datasets`, `build_model`, `decay`.
+GUIDE = cells.run_tagged(LESSON_02, "training")
 
 
-def test_learning_rate_table_and_interpolation():
-    assert mirrored.learning_rate_for(10) == 0.15
-    assert mirrored.learning_rate_for(15) == pytest.approx(0.1625)
-    assert mirrored.learning_rate_for(40) == 0.175  # clamped beyond the table
+@pytest.mark.parametrize("replicas, rate", [(2, 0.15), (3, 0.1625), (8, 0.175)])
+def test_the_guides_learning_rate_for_the_global_batch(replicas, rate):
+    """02's cell tagged ``learning-rate``: the table's rate, interpolated between its entries, its last beyond."""
+    namespace = {"np": np, "GUIDE_PER_REPLICA_BATCH": 5, "described": {"replicas": replicas}}
+    cells.run_tagged(LESSON_02, "learning-rate", namespace)   # global batch 10, 15, 40
+    assert namespace["learning_rate"] == pytest.approx(rate) and namespace["global_batch_size"] == 5 * replicas
 
 
 def test_guide_decay_schedule():
-    assert [mirrored.guide_decay(e) for e in (0, 2, 3, 6, 7)] == [1e-3, 1e-3, 1e-4, 1e-4, 1e-5]
+    assert [GUIDE["decay"](e) for e in (0, 2, 3, 6, 7)] == [1e-3, 1e-3, 1e-4, 1e-4, 1e-5]
 
 
 def test_reduction_summary_prefers_the_gradient_reduction():
@@ -38,26 +46,31 @@ def test_reduction_summary_prefers_the_gradient_reduction():
 def test_captured_tf_log_collects_and_restores_the_logger():
     logger = import_tensorflow().get_logger()
     level, handlers = logger.level, list(logger.handlers)
-    with mirrored.captured_tf_log() as log:
+    with probes.captured_tf_log() as log:
         logger.info("hello %s", "there")
     assert log == ["hello there"]
     assert logger.level == level and logger.handlers == handlers
 
 
-def test_cross_device_ops_names():
-    assert mirrored.make_cross_device_ops("default") is None
-    assert type(mirrored.make_cross_device_ops("ReductionToOneDevice")).__name__ == "ReductionToOneDevice"
-    with pytest.raises(KitError, match="NcclAllReduce"):
-        mirrored.make_cross_device_ops("Nccl")
+def test_02b_cross_device_ops_names():
+    cross_device_ops = cells.run_tagged(REPO / "notebooks" / "02b-cross-device-ops-and-other-strategies.ipynb",
+                                        "training")["cross_device_ops"]
+    assert cross_device_ops("default") is None
+    assert type(cross_device_ops("ReductionToOneDevice")).__name__ == "ReductionToOneDevice"
+    assert type(cross_device_ops("HierarchicalCopyAllReduce")).__name__ == "HierarchicalCopyAllReduce"
+    with pytest.raises(KeyError, match="Nccl"):
+        cross_device_ops("Nccl")
 
 
-def test_guide_models_and_arrays_have_the_tutorials_shapes():
-    cnn = mirrored.build_guide_cnn()
+def test_guide_models_and_pipeline_have_the_tutorials_shapes():
+    cnn = GUIDE["build_model"]()
     assert [type(layer).__name__ for layer in cnn.layers] == ["Conv2D", "MaxPooling2D", "Flatten", "Dense", "Dense"]
-    (x_train, y_train), (x_test, _) = mirrored.guide_mnist_arrays(5, 3)
+    train, test = GUIDE["mnist_datasets"](5, 5, 3, seed=1)
+    (x_train, y_train), = train.as_numpy_iterator()
+    (x_test, _), = test.as_numpy_iterator()
     assert x_train.shape == (5, 28, 28, 1) and x_train.dtype == np.float32 and x_train.max() <= 1.0
     assert cnn(x_test).shape == (3, 10) and y_train.dtype == np.int64
-    assert mirrored.build_toy_model(0.2).optimizer.learning_rate.numpy() == pytest.approx(0.2)
+    assert GUIDE["build_toy_model"](0.2).optimizer.learning_rate.numpy() == pytest.approx(0.2)
 
 
 @pytest.mark.slow  # TensorFlow in a new process: 2.7 s
@@ -85,7 +98,7 @@ def test_split_cpu_in_a_fresh_process():
 
 def test_probe_records_hooks_steps_rate_and_files(tmp_path):
     (tmp_path / "a.txt").write_text("x")
-    model = mirrored.build_toy_model(0.05)
+    model = GUIDE["build_toy_model"](0.05)
     probe = probes.probe_callback(watch={"dir": tmp_path})
     model.fit(np.ones((12, 1)), np.ones((12, 1)), batch_size=4, epochs=2, verbose=0, callbacks=[probe])
     record = probe.record

@@ -12,14 +12,13 @@ import subprocess
 import sys
 import uuid
 
-import numpy as np
 import pytest
 
 import ipyparallel as ipp
 
-from conftest import can_make_namespaces, kit_processes, sh
+from conftest import can_make_namespaces, sh
 from kit.core.cluster import TFCluster
-from kit.core.errors import ClusterError, ExposedPortsWarning, OptionError
+from kit.core.errors import ClusterError, OptionError
 
 SUBNET = f"10.{77 + os.getpid() % 20}.{os.getpid() % 200}"  # a private /24 of this test run only
 # TFCluster warns that engines from elsewhere expose their servers; test_security.py checks the warning
@@ -104,35 +103,6 @@ def ipp_cluster(hosts, tmp_path):
     yield factory
     for cluster in made:
         cluster.stop_cluster_sync()
-
-
-@pytest.mark.slow
-def test_workers_in_two_namespaces_train_with_their_own_addresses(hosts, ipp_cluster):
-    h1, h2 = hosts.add(1), hosts.add(2)
-    engines = ipp_cluster([h1, h2])
-    cluster = TFCluster(workers=2, engines=engines, start_timeout=60)
-    with pytest.warns(ExposedPortsWarning) as warned, cluster:  # the servers must be reachable: it says where
-        addresses = sorted(t.address.rpartition(":")[0] for t in cluster.tasks)
-        assert addresses == [f"{SUBNET}.2", f"{SUBNET}.3"]
-        assert all(f"{t.name} at {t.address}" in str(warned[0].message) for t in cluster.tasks)
-        assert "private network or VPN" in str(warned[0].message)
-        assert all("reachable from the network" in t.listens_on for t in cluster.tasks)
-        assert cluster.tf_configs["worker:0"]["cluster"] == cluster.tf_configs["worker:1"]["cluster"]
-        from kit.train.fit import train_mnist
-        results = cluster.run(train_mnist, per_worker_batch=32, epochs=1, steps_per_epoch=5, verbose=0)
-
-        def malloc_arenas():
-            from kit.core import _remote
-            return _remote.MALLOC_ARENA_MAX, _remote.ARENAS_WHEN_LIMITED, _remote.malloc_arenas()
-
-        # these engines started without MALLOC_ARENA_MAX (glibc then ignores the variable): the kit's mallopt
-        # kept TensorFlow's threads from adding any arena to those the engine had before its role was set
-        arenas = cluster.run(malloc_arenas)
-        print("MALLOC_ARENA_MAX, arenas when set, arenas after training:", arenas)
-        assert all(limit == 2 and now == before for limit, before, now in arenas), arenas
-    np.testing.assert_allclose(results[0]["loss"], results[1]["loss"], rtol=1e-5)
-    assert results[0]["workers"] == 2
-    assert not kit_processes(os.getpid())
 
 
 @pytest.mark.slow

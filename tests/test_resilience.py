@@ -154,6 +154,24 @@ def test_a_task_that_never_comes_back_exhausts_max_failures(make_cluster, tmp_pa
 
 
 @pytest.mark.slow
+def test_a_run_that_gives_up_shows_every_task_s_engine_log(make_cluster):
+    """A live peer's C++ stderr (e.g. its gRPC server refusing a request) is in the error, not only the
+    failed task's."""
+    cluster = make_cluster(workers=2)
+
+    def fail_on_worker_1():
+        import os
+        os.write(2, f"stderr line of {os.environ['KIT_TASK']}\n".encode())  # as TensorFlow's C++ logs write
+        if os.environ["KIT_TASK"] == "worker:1":
+            raise ValueError("failing on purpose")
+
+    with pytest.raises(FailuresExhaustedError) as info:
+        cluster.with_options(max_failures=1).run(fail_on_worker_1)
+    assert "last lines of worker:0's engine log" in str(info.value)
+    assert "stderr line of worker:0" in str(info.value)  # the live peer's last line
+
+
+@pytest.mark.slow
 def test_chief_keeps_the_checkpoint_and_workers_write_disjoint_temporary_files(make_cluster, tmp_path):
     def save_from_every_worker(base_dir):
         from kit.train import checkpoints

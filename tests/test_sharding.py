@@ -1,10 +1,21 @@
-"""kit.train.sharding: MNIST as TFRecord files, policies, and the pure helpers the notebooks assert with."""
+"""Notebook 04's pipelines and policies (its cells tagged ``sharding``), and kit.train.sharding: MNIST as TFRecord
+files and the pure helpers the notebook tabulates and asserts with."""
 
 import numpy as np
 import pytest
 
-from kit.core.errors import OptionError
+from conftest import REPO
+from kit.tools import cells
 from kit.train import sharding
+
+#: Notebook 04's cells tagged "sharding": `read_ids`, `ids_per_step`, `ids_seen`, `with_policy`,
+#: `what_each_worker_sees`, `shard_by_hand` (and `get_strategy`, `parse_id`).
+LESSON_04 = REPO / "notebooks" / "04-dataset-sharding.ipynb"
+
+
+def lesson(global_batch=8):
+    """04's tagged cells, run in a namespace of their own with the notebook's parameter GLOBAL_BATCH."""
+    return cells.run_tagged(LESSON_04, "sharding", {"__name__": "__main__", "GLOBAL_BATCH": global_batch})
 
 
 def small_npz(path, n=12):
@@ -40,37 +51,35 @@ def test_ownership_counts_and_owner_codes():
 
 
 def test_tfrecords_round_trip_ids_images_and_labels(tmp_path):
-    npz = small_npz(tmp_path / "m.npz")
-    files = sharding.write_mnist_tfrecords(tmp_path / "records", 3, 10, path=npz)
-    assert [f.rsplit("/", 1)[-1] for f in files] == [f"mnist-0{i}-of-03.tfrecord" for i in range(3)]
-    examples = list(sharding.file_dataset(files).as_numpy_iterator())
-    assert [int(e["id"]) for e in examples] == list(range(10))
-    with np.load(npz) as archive:
-        for e in examples:
-            assert int(e["label"]) == int(archive["y_train"][e["id"]])
-            assert np.allclose(e["image"], archive["x_train"][e["id"]] / 255.0)
-
-
-def test_memory_dataset_and_source_choice(tmp_path, monkeypatch):
-    npz = small_npz(tmp_path / "mnist.npz")
-    monkeypatch.setenv("KIT_DATA_DIR", str(tmp_path))
-    ids = [int(e["id"]) for e in sharding.source_dataset(examples=6).as_numpy_iterator()]
-    assert ids == list(range(6))
-    assert npz.exists()
-    with pytest.raises(OptionError, match="files= .* or examples=") as refused:
-        sharding.source_dataset()
-    assert refused.value.field == "files"
-
-
-def test_with_policy_sets_the_auto_shard_option():
     from kit.train._tf import import_tensorflow
 
     tf = import_tensorflow()
-    dataset = sharding.with_policy(tf.data.Dataset.range(3), "OFF")
-    assert dataset.options().experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.OFF
-    with pytest.raises(OptionError, match="AUTO, FILE, DATA, OFF") as refused:
-        sharding.with_policy(dataset, "FILES")
-    assert refused.value.field == "policy"
+    npz = small_npz(tmp_path / "m.npz")
+    files = sharding.write_mnist_tfrecords(tmp_path / "records", 3, 10, path=npz)
+    assert [f.rsplit("/", 1)[-1] for f in files] == [f"mnist-0{i}-of-03.tfrecord" for i in range(3)]
+    assert [int(i) for i in lesson()["read_ids"](files).as_numpy_iterator()] == list(range(10))  # 04's reader
+    with np.load(npz) as archive:
+        for record in tf.data.TFRecordDataset(files).as_numpy_iterator():
+            feature = tf.train.Example.FromString(record).features.feature
+            i = feature["id"].int64_list.value[0]
+            assert feature["label"].int64_list.value[0] == int(archive["y_train"][i])
+            image = np.frombuffer(feature["image"].bytes_list.value[0], dtype=np.uint8).reshape(28, 28)
+            assert np.array_equal(image, archive["x_train"][i])
+
+
+def test_the_lessons_in_memory_ids_and_policies():
+    from kit.train._tf import import_tensorflow
+
+    tf = import_tensorflow()
+    code = lesson()
+    read_ids, with_policy = code["read_ids"], code["with_policy"]
+    assert [int(i) for i in read_ids(examples=6).as_numpy_iterator()] == list(range(6))
+    policy = tf.data.experimental.AutoShardPolicy
+    for name in ("FILE", "DATA", "OFF"):
+        dataset = with_policy(tf.data.Dataset.range(3), name)
+        assert dataset.options().experimental_distribute.auto_shard_policy == getattr(policy, name)
+    assert with_policy(tf.data.Dataset.range(3), "AUTO").options().experimental_distribute.auto_shard_policy \
+        == policy.AUTO
 
 
 def test_plot_ownership_draws_one_strip_per_case(tmp_path):
@@ -85,14 +94,18 @@ def test_plot_ownership_draws_one_strip_per_case(tmp_path):
 
 @pytest.mark.slow
 def test_policies_on_two_workers(make_cluster, tmp_path):
+    """04's own functions on two workers: FILE gives each worker its files, OFF everything, manual sharding
+    every second id with the InputContext of its pipeline."""
     cluster = make_cluster(workers=2)
     files = cluster.with_options(tasks=["worker:0"], stream=False).run(sharding.write_mnist_tfrecords,
         str(tmp_path), 4, 16)[0]
-    file_policy = cluster.with_options(stream=False).run(sharding.observe, "FILE", files=files,
-        global_batch=4)
-    assert [sharding.ids_seen(r) for r in file_policy] == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]
-    off = cluster.with_options(stream=False).run(sharding.observe, "OFF", examples=8, global_batch=4)
-    assert all(sharding.ids_seen(r) == list(range(8)) for r in off)
-    manual = cluster.with_options(stream=False).run(sharding.observe_manual, examples=8, global_batch=4)
-    assert [sharding.ids_seen(r) for r in manual] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    code = lesson(global_batch=4)
+    seeing, ids_seen = code["what_each_worker_sees"], code["ids_seen"]
+    file_policy = cluster.with_options(stream=False).run(seeing, "FILE", files=files)
+    assert [ids_seen(r) for r in file_policy] == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]
+    assert [r["worker"] for r in file_policy] == [0, 1] and not any(r["error"] for r in file_policy)
+    off = cluster.with_options(stream=False).run(seeing, "OFF", examples=8)
+    assert all(ids_seen(r) == list(range(8)) for r in off)
+    manual = cluster.with_options(stream=False).run(code["shard_by_hand"], 8)
+    assert [ids_seen(r) for r in manual] == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert manual[1]["input_context"] == {"num_input_pipelines": 2, "input_pipeline_id": 1, "per_replica_batch": 2}

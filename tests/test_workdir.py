@@ -135,3 +135,20 @@ def test_the_folder_of_a_killed_kernel_goes_with_the_next_cluster(tmp_path, make
     assert left.startswith(workdir.PREFIX) and Path(result["modules"][0]).is_relative_to(TMP / left)
     make_cluster(workers=1).stop()
     assert new_entries(before) == set()
+
+
+def test_a_lifeline_s_last_words_run_bounded_and_say_what_they_did(tmp_path, capfd):
+    """The commands kit.core.attach leaves for its controller (scancel of the cluster's jobs) run when the owner
+    is gone; a missing file is no command, a broken one is said, a failing command does not stop the next."""
+    words = tmp_path / "kit-last-words.json"
+    _lifeline.last_words(str(words))  # no file yet: nothing to do
+    words.write_text(json.dumps([["sh", "-c", f"echo done > {tmp_path / 'ran'}"], ["false"], ["no-such-command-x"],
+                                 ["sh", "-c", f"echo too > {tmp_path / 'also'}"]]))
+    _lifeline.last_words(str(words))
+    assert (tmp_path / "ran").read_text() == "done\n" and (tmp_path / "also").read_text() == "too\n"
+    assert not words.exists()  # said once
+    said = capfd.readouterr().err
+    assert "kit lifeline: ran false: exit 1" in said and "could not run no-such-command-x" in said
+    words.write_text("[[")
+    _lifeline.last_words(str(words))
+    assert "cannot read the last commands" in capfd.readouterr().err

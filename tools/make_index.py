@@ -46,6 +46,10 @@ HEADER = """# Notebooks
 
 Run them in order: each one builds on the ones before it, starts its own cluster and stops it again.
 Each has one cell tagged `parameters` whose small defaults run in about two minutes on two cores.
+Where a notebook says *the seeds*, it means the example code it starts from and checks against TensorFlow 2.21:
+TensorFlow's multi-worker tutorial with Keras (its `mnist_dataset`, `build_and_compile_cnn_model` and `main.py`)
+and the short write-ups in the same style that the notebooks quote (Horovod's Keras recipe, parameter servers,
+scaling); a claim of theirs that no longer holds is corrected where it comes up.
 
 | # | notebook | what it does |
 |---|---|---|
@@ -130,7 +134,8 @@ Counted by tools/reading.py at the notebooks' defaults: the code lines a learner
 cells whose input is not collapsed), how many of them touch TensorFlow (`tf.`, a strategy, a model, Keras, `hvd.`), the
 `assert` lines among them, the checks in all (the collapsed cells tagged `check` hold the rest: each proves a
 claim of the text and prints one line of what it confirmed), and the longest visible cell. Minutes: one run
-of every notebook in Binder's limits (2 GiB, 1 CPU, the Jupyter server inside; `make binder`). The reading
+of every notebook in Binder's limits (2 GiB, 1 CPU, the Jupyter server inside; `make binder`); "not on Binder":
+live, it needs root and starts daemons, so `make binder` leaves it out (without root it shows a saved run). The reading
 targets for each numbered notebook: at most 200 code lines and 5 asserts shown, no visible cell over 25 lines.
 
 | # | code lines shown | TensorFlow lines | asserts shown | checks | longest cell | minutes on Binder |
@@ -148,12 +153,19 @@ def seconds_from_junit(path: Path) -> dict[str, float]:
     return {name: round(value, 1) for name, value in sorted(seconds.items())}
 
 
+def not_on_binder(path: Path) -> str:
+    """Why a notebook does not run in Binder's limits (its metadata ``kit.not_on_binder``; ``make notebooks``
+    and ``make binder`` leave it out), or "" when it does."""
+    return json.loads(path.read_text()).get("metadata", {}).get("kit", {}).get("not_on_binder", "")
+
+
 def reading_rows(notebooks_dir: Path = NOTEBOOKS, seconds_file: Path = SECONDS) -> list[str]:
     seconds = json.loads(seconds_file.read_text()) if seconds_file.exists() else {}
     lines = []
     for path in reading.numbered(notebooks_dir):
         c = reading.counts(path)
-        minutes = f"{seconds[path.stem] / 60:.1f}" if path.stem in seconds else "not measured"
+        minutes = ("not on Binder" if not_on_binder(path) else
+                   f"{seconds[path.stem] / 60:.1f}" if path.stem in seconds else "not measured")
         lines.append(f"| {path.stem.split('-')[0]} | {c['code_lines']} | {c['tensorflow_lines']} | {c['visible_asserts']} | "
                      f"{c['checks']} | {c['longest_cell']} | {minutes} |")
     return lines

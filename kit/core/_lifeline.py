@@ -7,21 +7,30 @@ engines, through :mod:`kit.core._boot`; its network holders, :mod:`kit.core._net
 ``KIT_LIFELINE="pid:start_time,..."`` in its environment and calls :func:`start`: a daemon thread polls
 those processes and ends this one (``os._exit``) when any of them has exited. The start time guards
 against a recycled pid. Engines on other hosts cannot see local pids; there the engine's own
-heartbeat check (``--IPEngine.max_heartbeat_misses``) is the fallback.
+heartbeat check (``--IPEngine.max_heartbeat_misses``) is the fallback, and the process may have *last
+words*: ``KIT_LAST_WORDS`` names a JSON file of commands (e.g. ``[["scancel", "12", "13"]]``, which
+:mod:`kit.core.attach` keeps current for the Slurm jobs of its engines) that the process runs, each bounded,
+before it exits: a killed kernel's jobs then leave the queue at once instead of after the engines' missed
+heartbeats (measured: 22.5 s).
 
 This module imports no other module of the kit: :mod:`kit.core._netns` and :mod:`kit.core._boot` build on it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import threading
 
 import psutil
 
 LIFELINE_VAR = "KIT_LIFELINE"
+LAST_WORDS_VAR = "KIT_LAST_WORDS"
 POLL_SECONDS = 0.5
+#: The bound of each last command (``scancel`` answers within a second when slurmctld is up).
+LAST_WORDS_TIMEOUT_S = 10.0
 
 
 def token(pid: int) -> str:
@@ -48,15 +57,42 @@ def is_alive(pid: int, start_time: float) -> bool:
         return False
 
 
-def _watch(watched: list[tuple[int, float]], stop: threading.Event) -> None:
+def _say(text: str) -> None:
+    try:
+        print(f"kit lifeline: {text}", file=sys.__stderr__, flush=True)
+    except OSError:
+        pass  # stderr was a pipe to the owner, now gone (EPIPE): go on all the same
+
+
+def last_words(path: str | None) -> None:
+    """Run the commands of the JSON file ``path`` (a list of argv lists), each bounded; say what each did; then
+    remove the file."""
+    if not path or not os.path.exists(path):
+        return
+    try:
+        with open(path) as f:
+            commands = json.load(f)
+    except (OSError, ValueError) as error:
+        _say(f"cannot read the last commands in {path}: {error}")
+        return
+    for argv in commands:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=LAST_WORDS_TIMEOUT_S)
+            _say(f"ran {' '.join(argv)}: exit {done.returncode} {done.stderr.strip()}".rstrip())
+        except (OSError, subprocess.TimeoutExpired) as error:
+            _say(f"could not run {' '.join(argv)}: {error}")
+    try:
+        os.remove(path)  # said once; the file was the owner's, who is gone
+    except OSError as error:
+        _say(f"cannot remove {path}: {error}")
+
+
+def _watch(watched: list[tuple[int, float]], stop: threading.Event, words: str | None) -> None:
     while not stop.wait(POLL_SECONDS):
         for pid, start_time in watched:
             if not is_alive(pid, start_time):
-                try:
-                    print(f"kit lifeline: process {pid} that owns this one is gone; exiting",
-                          file=sys.__stderr__, flush=True)
-                except OSError:
-                    pass  # stderr was a pipe to the owner, now gone (EPIPE): exit all the same
+                _say(f"process {pid} that owns this one is gone; exiting")
+                last_words(words)
                 os._exit(3)
 
 
@@ -69,11 +105,11 @@ def start(value: str | None = None) -> threading.Event:
     stop = threading.Event()
     watched = parse(value if value is not None else os.environ.get(LIFELINE_VAR, ""))
     if watched:
-        _start_thread(watched, stop)
-        os.register_at_fork(after_in_child=lambda: _start_thread(
-            [*watched, *parse(token(os.getppid()))], threading.Event()))
+        _start_thread(watched, stop, os.environ.get(LAST_WORDS_VAR))
+        os.register_at_fork(after_in_child=lambda: _start_thread(  # the last words are the parent's to say
+            [*watched, *parse(token(os.getppid()))], threading.Event(), None))
     return stop
 
 
-def _start_thread(watched: list[tuple[int, float]], stop: threading.Event) -> None:
-    threading.Thread(target=_watch, args=(watched, stop), name="kit-lifeline", daemon=True).start()
+def _start_thread(watched: list[tuple[int, float]], stop: threading.Event, words: str | None) -> None:
+    threading.Thread(target=_watch, args=(watched, stop, words), name="kit-lifeline", daemon=True).start()

@@ -24,6 +24,7 @@ def report() -> dict[str, Any]:
         "tensorflow_version": _version("tensorflow"),
         "cores": _cores(),
         "address": reachable_address(),
+        "interfaces": interface_addresses(),
         "task": this_task(),  # "local" on an engine the kit did not start, until set_environment
         "pid": os.getpid(),
         "hostname": socket.gethostname(),
@@ -99,15 +100,7 @@ def own_tmpdir() -> str:
 
     base = os.environ.get(HOST_TMP_VAR) or tempfile.gettempdir()
     os.environ[HOST_TMP_VAR] = base
-    for entry in os.listdir(base):
-        if not entry.startswith(OWN_TMP_PREFIX):
-            continue
-        pid, _, start = entry[len(OWN_TMP_PREFIX):].partition("-")
-        if pid.isdigit() and not _lifeline.is_alive(int(pid), float(start or 0)):
-            try:
-                shutil.rmtree(os.path.join(base, entry))
-            except FileNotFoundError:
-                continue  # another engine on this host removed it first
+    _remove_dead_engines_tmpdirs(base)
     mine = os.path.join(base, f"{OWN_TMP_PREFIX}{_lifeline.token(os.getpid()).replace(':', '-')}")
     os.makedirs(mine, mode=0o700, exist_ok=True)
     os.environ["TMPDIR"] = mine
@@ -117,11 +110,31 @@ def own_tmpdir() -> str:
 
 
 def remove_own_tmpdir() -> None:
-    """Remove this engine's own TMPDIR (:func:`own_tmpdir`), just before the kit ends it with SIGKILL."""
+    """Remove this engine's own TMPDIR (:func:`own_tmpdir`), just before the kit ends it with SIGKILL, and those
+    of this host's engines that are gone meanwhile (e.g. a job cancelled while its engine was idle: SIGTERM
+    ends it without its exit handlers, and no engine may start on this host again)."""
     import shutil
 
     if os.environ.get(HOST_TMP_VAR) and os.path.basename(os.environ.get("TMPDIR", "")).startswith(OWN_TMP_PREFIX):
         shutil.rmtree(os.environ["TMPDIR"], ignore_errors=True)
+        _remove_dead_engines_tmpdirs(os.environ[HOST_TMP_VAR])
+
+
+def _remove_dead_engines_tmpdirs(base: str) -> None:
+    """Remove the folders :func:`own_tmpdir` made under ``base`` for engines whose process is gone."""
+    import shutil
+
+    from . import _lifeline
+
+    for entry in os.listdir(base):
+        if not entry.startswith(OWN_TMP_PREFIX):
+            continue
+        pid, _, start = entry[len(OWN_TMP_PREFIX):].partition("-")
+        if pid.isdigit() and not _lifeline.is_alive(int(pid), float(start or 0)):
+            try:
+                shutil.rmtree(os.path.join(base, entry))
+            except FileNotFoundError:
+                continue  # another engine on this host removed it first
 
 
 #: A local engine's launch variable (``ClusterOptions.preload``): import TensorFlow in the background as the
@@ -234,6 +247,24 @@ def reachable_address() -> str:
         if conn.status == psutil.CONN_ESTABLISHED and conn.raddr and not conn.raddr.ip.startswith("127."):
             return conn.laddr.ip
     return "127.0.0.1"
+
+
+def interface_addresses() -> list[str]:
+    """Every address of this engine's host (or network namespace) but loopback, IPv4 then IPv6.
+
+    A TensorFlow server binds every interface (``[::]:PORT``), so it is reachable at each of these. An
+    IPv6 link-local address keeps its zone (``fe80::1%eth0``): it is reachable from that link only.
+    """
+    import ipaddress
+
+    import psutil
+
+    found: dict[int, list[str]] = {socket.AF_INET: [], socket.AF_INET6: []}
+    for addresses in psutil.net_if_addrs().values():
+        for entry in addresses:
+            if entry.family in found and not ipaddress.ip_address(entry.address.partition("%")[0]).is_loopback:
+                found[entry.family].append(entry.address)
+    return [*sorted(found[socket.AF_INET]), *sorted(found[socket.AF_INET6])]
 
 
 _PROBE = None

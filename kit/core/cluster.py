@@ -304,13 +304,8 @@ class TFCluster:
         self.state = State(Phase.STALE, reason, tuple(tasks))
 
     def _warn_exposed(self) -> None:
-        servers = [f"{t.name} at {t.address}" for t in self.tasks if t.address]
-        warnings.warn(
-            f"The TensorFlow servers of this cluster can be reached from other hosts: "
-            f"{', '.join(servers)}, listening on every interface ({self.exposed_because}). They have "
-            "no authentication: anyone who can connect can read and write files as this user while "
-            f"the cluster runs. Fix: {self._engines.exposed_fix} (README, Security).",
-            ExposedPortsWarning, stacklevel=_caller_outside_kit())
+        warnings.warn(ExposedPortsWarning.about(self.tasks, self.exposed_because, self._engines.exposed_fix),
+                      stacklevel=_caller_outside_kit())
 
 
 def _caller_outside_kit() -> int:

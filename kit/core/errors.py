@@ -92,11 +92,11 @@ class FailuresExhaustedError(KitError, RuntimeError):
 
     fix = "look at the first failure; raise max_failures if the failures are transient"
 
-    def __init__(self, function: str, failures: list):
+    def __init__(self, function: str, failures: list, logs: str = ""):
         self.failures = list(failures)
         lines = "\n".join(f"  {f.attempt}. {f.task}: {f.error}" for f in self.failures)
         super().__init__(f"{function} failed {len(self.failures)} time(s), more than max_failures="
-                         f"{len(self.failures) - 1} allows:\n{lines}\n{_FIX}{self.fix}")
+                         f"{len(self.failures) - 1} allows:\n{lines}{logs}\n{_FIX}{self.fix}")
 
 
 class GridError(KitError, ValueError):
@@ -136,7 +136,18 @@ def first_line(error: BaseException | str, limit: int | None = None) -> str:
 
 class ExposedPortsWarning(UserWarning):
     """A cluster's TensorFlow servers can be reached from other hosts (they accept any op from anyone
-    who connects); the message names the ports and what to do (README, Security)."""
+    who connects); the message names every address of every task and what to do (README, Security)."""
+
+    @classmethod
+    def about(cls, tasks: list, because: str, fix: str) -> "ExposedPortsWarning":
+        """The warning for ``tasks`` (``cluster.tasks``): each server's address in TF_CONFIG and every
+        address it can be reached at (``reachable_at``: it binds every interface of its host)."""
+        servers = [f"{t.name} at {t.address}" + (f" (reachable at {', '.join(t.reachable_at)})" if t.reachable_at
+                                                 else "") for t in tasks if t.address]
+        return cls(f"The TensorFlow servers of this cluster can be reached from other hosts: {'; '.join(servers)}, "
+                   f"listening on every interface ({because}). They have no authentication: anyone who can "
+                   "connect can read and write files as this user while the cluster runs. "
+                   f"{_FIX}{fix} (README, Security).")
 
 
 class MemoryLimitWarning(UserWarning):

@@ -235,6 +235,9 @@ class TaskInfo:
     keras: str      #: "tf-keras" or "keras3", as set in the engine's environment
     #: where its TensorFlow server listens, and who can reach it ("" for the evaluator: no server)
     listens_on: str = ""
+    #: every host:port its server can be reached at from elsewhere: each address of its host's interfaces but
+    #: loopback (the server binds them all); none in a local cluster's private network, none for the evaluator
+    reachable_at: tuple[str, ...] = ()
 
 
 def _is_loopback(host: str) -> bool:

@@ -200,9 +200,15 @@ def task_info(name: str, report: dict, config: dict, isolated: bool) -> TaskInfo
         listens_on = f"[::]:{port} in the cluster's private network (loopback only)"
     else:
         listens_on = f"[::]:{port}, every interface of {report['hostname']} (reachable from the network)"
+    reachable_at = tuple(host_port(ip, port) for ip in report["interfaces"]) if where else ()
     return TaskInfo(name=name, type=task["type"], index=task["index"], address=where,
                     engine_id=report["engine_id"], pid=report["pid"], host=report["hostname"], keras=keras,
-                    listens_on=listens_on)
+                    listens_on=listens_on, reachable_at=reachable_at)
+
+
+def host_port(ip: str, port: int | str) -> str:
+    """``ip:port``, the IPv6 address in brackets (``[fd00::2]:2222``)."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def address(config: dict) -> str:

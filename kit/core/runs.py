@@ -112,7 +112,11 @@ class Run:
                 if len(failures) > options.max_failures:
                     live.event(f"{failure.task} failed again: {failure.error}; giving up after "
                                f"{options.max_failures} restart(s)")
-                    raise FailuresExhaustedError(name, failures) from error
+                    # every task's log, not only a dead one's or the run's: a live peer's C++ lines (its
+                    # gRPC server's) can say why it refused a request (docs/performance.md, change 19)
+                    now = cluster.task_group(ready=False)
+                    logs = "".join(now.log_tail(task) for task in now.names)
+                    raise FailuresExhaustedError(name, failures, logs) from error
                 live.event(f"attempt {failure.attempt}: {failure.task} failed: {failure.error}")
                 live.restarting(f"restarting all {len(group.names)} tasks with fresh engines "
                                 f"(restart {len(failures)} of at most {options.max_failures})")

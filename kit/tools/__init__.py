@@ -2,7 +2,9 @@
 
 - :mod:`.cli`: the ``kit`` command.  :mod:`.experiments`: ``kit sweep`` (papermill), records.
 - :mod:`.results`, :mod:`.plots`: tables and figures.  :mod:`.bench`: ``make bench``.
-- :mod:`.link_bench`: ``kit bench --only links``.  :mod:`.fault_trials`: ``make faults``.
+- :mod:`.link_bench`: ``kit bench --only links``.  :mod:`.slurm_bench`: ``kit bench --only slurm``.
+- :mod:`.fault_trials`: ``make faults``.  :mod:`.sim_cluster`: ``kit sim-cluster`` (emulated Slurm/SSH hosts).
+- :mod:`.firewall`: host firewall rules for a cluster on several hosts.
 - :mod:`.compat`: the Keras compatibility check.
 """
 

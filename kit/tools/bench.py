@@ -1,7 +1,8 @@
 """The benchmark behind ``make bench``: distribution efficiency, start-up, recovery, memory, notebooks.
 
 Start-up (:mod:`kit.tools.launch_bench`): the time to a strategy ready in the cluster's private network and
-on the host's network, and the first training step beside a plain launch of the same training.
+on the host's network, and the first training step beside a plain launch of the same training; through Slurm
+on emulated hosts beside local engines (:mod:`kit.tools.slurm_bench`, root only).
 
 Every figure is the median of ``repeats`` repetitions, interleaved (single process, two workers,
 single process, ...) so that a slow spell of the machine hits all variants alike. Results go to
@@ -181,7 +182,7 @@ def median_of(repeats: int, fn: Callable[[], float]) -> tuple[float, list[float]
     return statistics.median(values), values
 
 
-SECTIONS = ("throughput", "ready", "launch", "recovery", "notebooks", "links")
+SECTIONS = ("throughput", "ready", "launch", "slurm", "recovery", "notebooks", "links")
 
 
 def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int = 2, steps: int = 30,
@@ -244,6 +245,10 @@ def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int
     if "links" in sections:  # emulated links between hosts (root only): kit.tools.link_bench
         from .link_bench import section
         section(report, log)
+        save(report)
+    if "slurm" in sections:  # through Slurm on emulated hosts (root only): kit.tools.slurm_bench
+        from . import slurm_bench
+        slurm_bench.section(report, log, repeats)
         save(report)
     if notebooks and "notebooks" in sections:
         from .cli import notebooks_dir
@@ -311,6 +316,11 @@ def format_report(report: dict[str, Any]) -> str:
     for key, goal in report.get("goals", {}).items():
         lines.append(f"{key:<21} {goal['value']:>10.2f}  goal {goal['target']:<8} "
                      f"{'met' if goal['met'] else 'NOT met'}")
+    if "slurm" in report:
+        for kind, marks in report["slurm"]["median"].items():
+            lines.append(f"slurm start-up, {kind:<6} " + ", ".join(f"{m} {s:.1f}s" for m, s in marks.items()))
+    if "slurm_skipped" in report:
+        lines.append(f"slurm start-up: skipped, {report['slurm_skipped']}")
     for name, seconds in report.get("notebooks_s", {}).items():
         lines.append(f"notebook {name:<40} {seconds:>6.1f}s")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """The figures of notebook 10 (the critical batch size): steps to a target against the batch, and the all-reduce
 over emulated links. Each takes the notebook's tables, draws, saves to ``path`` (None: nothing saved) and returns
-the figure."""
+the figure. And :func:`concept`, the sketch at the notebook's top, committed as :data:`CONCEPT_FIGURE`."""
 
 from __future__ import annotations
 
@@ -59,3 +59,45 @@ def all_reduce_over_links(links, path: str | os.PathLike | None = None) -> Any:
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+#: The file of notebook 10's concept figure, drawn by :func:`concept`, relative to the notebooks' folder.
+CONCEPT_FIGURE = "figures/10-critical-batch-size.svg"
+
+
+def concept(path: str | os.PathLike | None = None, b_crit: float = 256.0) -> Any:
+    """Notebook 10's concept figure, a sketch with no measured point: the steps to a target accuracy against
+    the batch size, from McCandlish et al.'s model S(B) = S_min (1 + B_crit / B); the linear-scaling line
+    S_min B_crit / B that it follows well below the knee, the plateau S_min it approaches well above, and the
+    knee B_crit ≈ B_noise, where a run takes twice the fewest steps. The three regimes are shaded where the
+    slope d log S / d log B is below −0.8 (B < B_crit / 4) and above −0.2 (B > 4 B_crit). Saved as SVG with
+    text kept as text and no date, so that the same call writes the same file (``path``: see
+    :data:`CONCEPT_FIGURE`)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    batches = np.geomspace(b_crit / 64, b_crit * 64, 200)
+    below = batches[batches <= b_crit]
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "kit-concept-10", "font.size": 10}):
+        fig, ax = plt.subplots(figsize=(7.6, 3.8))
+        for start, end, colour, text in ((batches[0], b_crit / 4, "C2", "perfect scaling"),
+                                         (b_crit / 4, b_crit * 4, "C1", "diminishing returns"),
+                                         (b_crit * 4, batches[-1], "C0", "maximal data parallelism")):
+            ax.axvspan(start, end, color=colour, alpha=0.12, lw=0)
+            ax.text((start * end) ** 0.5, 110, text, ha="center", va="center", fontsize=9)
+        ax.plot(below, b_crit / below, ":", color="C2", lw=1.8, label="linear scaling: 2 × the batch, ½ the steps")
+        ax.axhline(1, ls=":", color="C0", lw=1.8, label="S_min: the fewest steps any batch reaches")
+        ax.plot(batches, 1 + b_crit / batches, color="black", lw=2.2, label="steps to target: S_min (1 + B_crit / B)")
+        ax.vlines(b_crit, 0.5, 50, color="grey", ls="--", lw=1)
+        ax.plot([b_crit], [2], "o", color="black")
+        ax.annotate("B_crit ≈ B_noise\n(the knee: 2 × S_min)", (b_crit, 2), xytext=(10, 10),
+                    textcoords="offset points", fontsize=9)
+        ax.set(xscale="log", yscale="log", ylim=(0.5, 200), xlim=(batches[0], batches[-1]),
+               xlabel="batch size B (more workers: a larger global batch) →",
+               ylabel="steps to a target accuracy →")
+        ax.set_xticks([]), ax.set_yticks([])
+        ax.minorticks_off()
+        ax.set_title("A sketch of the model, not a measurement", fontsize=10)
+        ax.legend(loc="center right", fontsize=8.5, framealpha=0.9)
+        fig.tight_layout()
+        return save_figure(fig, path, metadata={"Date": None})

@@ -230,6 +230,25 @@ def loss_vs_examples(table, path: str | os.PathLike | None = None, curve: str = 
     return save_figure(fig, path)
 
 
+def warmup_ramp(trial: Mapping[str, Any], path: str | os.PathLike | None = None):
+    """The learning rate at every step of one planned ``trial`` (notebook 08's ``plan``: ``learning_rate``,
+    ``warmup_steps``, ``warmup_from``, ``steps``, ``global_batch``, ``k``), computed by
+    :func:`kit.train.scaling.warmup_learning_rate`, drawn as steps."""
+    import matplotlib.pyplot as plt
+
+    from ..train.scaling import warmup_learning_rate
+
+    steps = range(int(trial["steps"]))
+    ramp = [warmup_learning_rate(step, trial["learning_rate"], trial["warmup_steps"], trial["warmup_from"])
+            for step in steps]
+    fig, ax = plt.subplots(figsize=(6, 2.5))
+    ax.step(steps, ramp, where="post")
+    ax.set(xlabel="step", ylabel="learning rate", title=f"gradual warmup: global batch {trial['global_batch']}, "
+           f"k = {trial['k']:g}, {trial['warmup_steps']} of {trial['steps']} steps")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def throughput(table, path: str | os.PathLike | None = None, by: str = "per_worker_batch"):
     """Examples/s and scaling efficiency against the number of workers, one line per ``by`` value.
 

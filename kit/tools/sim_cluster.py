@@ -17,10 +17,11 @@ or, in Python (the tests' fixture)::
         ...
 
 Root only (network namespaces, daemons that run jobs as any user), with Debian's ``iproute2``, ``util-linux``,
-``slurm-wlm``, ``munge`` and ``openssh-server``. :func:`missing` names what is not there and the command that
-installs it. Everything it makes lives under one folder (``state.json`` records it); :meth:`SimCluster.down`
-stops every daemon and every process left in the namespaces, and removes the namespaces, links, bridge and
-folder. Every wait is bounded, and its error names what was waited for.
+``slurm-wlm``, ``munge``, ``openssh-server`` and ``nftables`` (the hosts' firewalls, :mod:`kit.tools.firewall`).
+:func:`missing` names what is not there and the command that installs it. Everything it makes lives under one
+folder (``state.json`` records it); :meth:`SimCluster.down` stops every daemon and every process left in the
+namespaces, and removes the namespaces, links, bridge and folder. Every wait is bounded, and its error names
+what was waited for.
 
 Why each setting is there, as measured here: :mod:`kit.tools.sim_config`.
 """
@@ -44,7 +45,8 @@ from .sim_state import (DAEMON_TIMEOUT_S, NETNS_ETC, STOP_TIMEOUT_S, Host, SimCl
 PROGRAMS = {"ip": "iproute2", "unshare": "util-linux", "nsenter": "util-linux", "munged": "munge",
             "mungekey": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm",
             "squeue": "slurm-wlm", "scancel": "slurm-wlm", "scontrol": "slurm-wlm", "sinfo": "slurm-wlm",
-            "sshd": "openssh-server", "ssh": "openssh-client", "ssh-keygen": "openssh-client"}
+            "sshd": "openssh-server", "ssh": "openssh-client", "ssh-keygen": "openssh-client",
+            "nft": "nftables"}  # the firewall rules of kit.tools.firewall, loaded in the hosts (tests/test_firewall.py)
 SBIN = ("/usr/sbin", "/sbin")
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 

@@ -6,11 +6,11 @@
 - :mod:`.progress`: progress reports for the live view (``callback``, ``Meter``).
 - :mod:`.probes`: what a task can observe (TensorFlow's log, devices, files, TensorBoard).
 - Recipes the benchmark, the Keras check, the fault trials and the tests call: :mod:`.fit`, :mod:`.mirrored`,
-  :mod:`.multiworker`, :mod:`.sharding`, :mod:`.custom_loop`, :mod:`.ps`, :mod:`.resilience`,
+  :mod:`.multiworker`, :mod:`.custom_loop`, :mod:`.ps`, :mod:`.resilience`,
   :mod:`.checkpoints`, :mod:`.scaling`, :mod:`.horovod_fit`, :mod:`.batch_size`, :mod:`.gradient_noise`,
   :mod:`.links`. Notebooks hold the lesson's code in cells and call pieces of some of these
-  (``mirrored``, ``sharding``, ``resilience``, ``scaling``, ``batch_size``, ``gradient_noise``, ``links``:
-  docs/architecture.md lists which notebook calls which).
+  (``mirrored``, ``resilience``, ``scaling``, ``batch_size``, ``gradient_noise``, ``links``), and
+  :mod:`.sharding` (notebook 04's files and tables): docs/architecture.md lists which notebook calls which.
 """
 
 from __future__ import annotations

@@ -1,26 +1,24 @@
-"""The TF guide's custom training loop under a ``tf.distribute`` strategy, and ``model.fit`` beside it.
+"""The custom training loop and ``model.fit`` under any strategy, as the Keras compatibility check runs them.
 
-Each piece is small enough to show in a notebook cell (``inspect.getsource``):
+Notebook 06 teaches the TF guide's loop in its own cells (tagged ``training``: the model, the step with
+``compute_average_loss`` and ``scale_regularization_loss``, evaluation, checkpoints, the loop beside
+``model.fit``); tests/test_custom_loop.py runs those cells (``kit.tools.cells.run_tagged``) to check that loop and
+``fit`` agree. What the benchmark tools need is not that lesson, so it is kept here:
 
-- :func:`kit.train.strategies.build_strategy` builds (once per process) the strategy a name stands for;
-  for ``mirrored`` it first splits the CPU into logical devices (:func:`kit.train.mirrored.split_cpu`),
-  one replica each, as on a machine with several GPUs;
-- :func:`build_model` is the kit's CNN with an L2 penalty, so ``model.losses`` is not empty;
-- :func:`make_train_step` is the guide's step: ``strategy.run``, ``tf.GradientTape``,
-  ``tf.nn.compute_average_loss`` with the *global* batch, ``tf.nn.scale_regularization_loss``,
-  ``strategy.reduce(SUM)``;
-- :func:`make_eval_step` counts correct predictions, summed over replicas;
-- :func:`train_loop` steps an iterator over a distributed dataset a fixed number of steps, and
-  iterates a finite distributed dataset with ``for``; :func:`train_fit` trains the same model
-  with ``model.fit``; :func:`loop_and_fit` runs both from the same weights on the same data.
+- :mod:`kit.tools.compat` trains each mode on its own (:func:`train_loop`, then :func:`train_fit`) under
+  every strategy name of :func:`kit.train.strategies.build_strategy`, the default strategy included (06 builds
+  only MirroredStrategy and MultiWorkerMirroredStrategy, and runs loop and fit together, with checkpoints);
+- :func:`build_model` is the kit's CNN (:func:`kit.train.models.build_and_compile_cnn_model`) with an L2
+  penalty, the model of :mod:`kit.train.ps` (compat, tests/test_ps.py) and of :mod:`kit.train.resilience`
+  (the fault trials);
+- :func:`make_train_step` is the guide's step as 06 writes it, without 06's accuracy metric;
+  :func:`make_eval_step` counts correct predictions, summed over replicas.
 
-Everything here runs on a kit engine (``cluster.run(loop_and_fit, ...)``) and returns plain,
-picklable results.
+Everything here runs on a kit engine and returns plain, picklable results.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable
 
@@ -28,7 +26,6 @@ from ._tf import import_tensorflow, keras_flavour
 from . import progress
 from .scaling import per_step_losses
 from .strategies import build_strategy
-from ..core.files import save_figure
 from ..core.tfconfig import this_task
 
 
@@ -108,7 +105,7 @@ def make_eval_step(strategy: "tf.distribute.Strategy", model: "tf.keras.Model") 
 
 
 def _setup(strategy_name: str, per_replica_batch: int, learning_rate: float, l2: float, seed: int,
-           logical_cpus: int, initial_weights: list | None) -> tuple:
+           logical_cpus: int) -> tuple:
     """TensorFlow, the strategy, the global batch and a model built in the strategy's scope."""
     tf = import_tensorflow()
     strategy = build_strategy(strategy_name, logical_cpus=logical_cpus)
@@ -116,8 +113,6 @@ def _setup(strategy_name: str, per_replica_batch: int, learning_rate: float, l2:
     tf.keras.utils.set_random_seed(seed)
     with strategy.scope():
         model = build_model(learning_rate=learning_rate, l2=l2)
-    if initial_weights is not None:
-        model.set_weights(initial_weights)
     return tf, strategy, global_batch, model
 
 
@@ -147,16 +142,14 @@ def _report(strategy_name: str, strategy: "tf.distribute.Strategy", global_batch
 
 def train_loop(strategy: str = "mirrored", per_replica_batch: int = 32, epochs: int = 2,
                steps_per_epoch: int = 20, learning_rate: float = 0.05, l2: float = 1e-4,
-               seed: int = 42, eval_steps: int = 10, logical_cpus: int = 2,
-               initial_weights: list | None = None, return_weights: bool = False) -> dict[str, Any]:
+               seed: int = 42, eval_steps: int = 10, logical_cpus: int = 2) -> dict[str, Any]:
     """Train with the custom loop; return losses per step and epoch, the first step's per-replica
     losses (``experimental_local_results``), test accuracy over ``eval_steps`` batches, timings.
 
     Training steps an iterator ``steps_per_epoch`` times per epoch (the dataset repeats forever);
     evaluation iterates a finite distributed dataset with ``for``.
     """
-    tf, dist, global_batch, model = _setup(strategy, per_replica_batch, learning_rate, l2, seed,
-                                           logical_cpus, initial_weights)
+    tf, dist, global_batch, model = _setup(strategy, per_replica_batch, learning_rate, l2, seed, logical_cpus)
     train_data, test_data = _datasets(global_batch, seed, eval_steps)
     with dist.scope():
         optimizer = tf.keras.optimizers.SGD(learning_rate=learning_rate)
@@ -184,29 +177,24 @@ def train_loop(strategy: str = "mirrored", per_replica_batch: int = 32, epochs: 
     for batch in dist.experimental_distribute_dataset(test_data):
         c, n = eval_step(batch)
         correct, examples = correct + int(c), examples + int(n)
-    result = _report(strategy, dist, global_batch, mode="custom loop", step_loss=step_loss,
-                     epoch_loss=epoch_loss, first_step_local_losses=local_losses,
-                     first_step_loss=step_loss[0] if step_loss else None,
-                     eval_accuracy=correct / examples if examples else None,
-                     eval_examples=examples, step_start_times=step_start, step_end_times=step_end,
-                     train_seconds=train_seconds)
-    if return_weights:
-        result["weights"] = model.get_weights()
-    return result
+    return _report(strategy, dist, global_batch, mode="custom loop", step_loss=step_loss,
+                   epoch_loss=epoch_loss, first_step_local_losses=local_losses,
+                   first_step_loss=step_loss[0] if step_loss else None,
+                   eval_accuracy=correct / examples if examples else None,
+                   eval_examples=examples, step_start_times=step_start, step_end_times=step_end,
+                   train_seconds=train_seconds)
 
 
 def train_fit(strategy: str = "mirrored", per_replica_batch: int = 32, epochs: int = 2,
               steps_per_epoch: int = 20, learning_rate: float = 0.05, l2: float = 1e-4,
               seed: int = 42, eval_steps: int = 10, logical_cpus: int = 2,
-              initial_weights: list | None = None, return_weights: bool = False,
               verbose: int = 0) -> dict[str, Any]:
     """Train the same model on the same data with ``model.fit``; same results as :func:`train_loop`.
 
     ``distribute_reduction_method = "first"``: tf-keras otherwise *sums* the per-batch logs over
     the replicas (the epoch logs are right either way).
     """
-    tf, dist, global_batch, model = _setup(strategy, per_replica_batch, learning_rate, l2, seed,
-                                           logical_cpus, initial_weights)
+    tf, dist, global_batch, model = _setup(strategy, per_replica_batch, learning_rate, l2, seed, logical_cpus)
     train_data, test_data = _datasets(global_batch, seed, eval_steps)
     model.distribute_reduction_method = "first"
     measured = progress.callback(global_batch)  # live view; step_loss: the per-batch logs' running means
@@ -217,57 +205,7 @@ def train_fit(strategy: str = "mirrored", per_replica_batch: int = 32, epochs: i
     accuracy = None
     if eval_steps:
         accuracy = float(model.evaluate(test_data, verbose=0, return_dict=True)["accuracy"])
-    result = _report(strategy, dist, global_batch, mode="model.fit",
-                     step_loss=per_step_losses(measured.step_loss, steps_per_epoch),
-                     epoch_loss=[float(v) for v in history.history["loss"]],
-                     eval_accuracy=accuracy, train_seconds=train_seconds)
-    if return_weights:
-        result["weights"] = model.get_weights()
-    return result
-
-
-def loop_and_fit(strategy: str = "mirrored", per_replica_batch: int = 32, epochs: int = 2,
-                 steps_per_epoch: int = 20, learning_rate: float = 0.05, l2: float = 1e-4,
-                 seed: int = 42, eval_steps: int = 10, logical_cpus: int = 2) -> dict[str, Any]:
-    """Train twice in this process, from the same initial weights on the same data: the custom
-    loop, then ``model.fit``. Returns both reports and the largest difference between their final
-    weights (weights themselves stay on the engine).
-    """
-    import numpy as np
-
-    tf, _, _, template = _setup(strategy, per_replica_batch, learning_rate, l2, seed, logical_cpus, None)
-    initial = template.get_weights()
-    options = dict(strategy=strategy, per_replica_batch=per_replica_batch, epochs=epochs,
-                   steps_per_epoch=steps_per_epoch, learning_rate=learning_rate, l2=l2, seed=seed,
-                   eval_steps=eval_steps, logical_cpus=logical_cpus, initial_weights=initial,
-                   return_weights=True)
-    loop = train_loop(**options)
-    fit = train_fit(**options)
-    loop_weights, fit_weights = loop.pop("weights"), fit.pop("weights")
-    difference = max(float(np.max(np.abs(a - b))) for a, b in zip(loop_weights, fit_weights))
-    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(loop_weights, initial))
-    return {"loop": loop, "fit": fit, "max_weight_difference": difference,
-            "max_weight_change": moved}
-
-
-def loop_vs_fit_figure(results: dict[str, dict[str, Any]],
-                       path: str | os.PathLike | None = None) -> "matplotlib.figure.Figure":
-    """Loss per step of the custom loop (thick line) and of ``model.fit`` (dots), one colour per
-    run of :func:`loop_and_fit` (label → result); saved to ``path`` as PNG when given."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for index, (label, result) in enumerate(results.items()):
-        colour = f"C{index}"
-        loop, fit = result["loop"]["step_loss"], result["fit"]["step_loss"]
-        ax.plot(range(1, len(loop) + 1), loop, color=colour, linewidth=6, alpha=0.35,
-                label=f"{label}: custom loop")
-        ax.plot(range(1, len(fit) + 1), fit, "o", color=colour, markersize=4 + 2 * index,
-                markerfacecolor="none" if index else colour, label=f"{label}: model.fit")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title("Custom loop and model.fit, from the same weights on the same data")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    return save_figure(fig, path)
+    return _report(strategy, dist, global_batch, mode="model.fit",
+                   step_loss=per_step_losses(measured.step_loss, steps_per_epoch),
+                   epoch_loss=[float(v) for v in history.history["loss"]],
+                   eval_accuracy=accuracy, train_seconds=train_seconds)

@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import os
 import signal as signals
+import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,10 +159,10 @@ def fire_once(run_dir: str | os.PathLike, name: str) -> bool:
 
 def kill_at_step_callback(run_dir: str | os.PathLike, task: str, global_step: int,
                           sig: int = signals.SIGKILL, after_task: str | None = None,
-                          timeout: float = 120.0):
-    """A Keras callback that sends ``sig`` to its own process on ``task`` after ``global_step``.
-
-    Fires once per run directory, so the resumed run passes the same step. The journal records
+                          timeout: float = 120.0, command: Sequence[str] | None = None):
+    """A Keras callback that sends ``sig`` to its own process on ``task`` after ``global_step`` (or runs
+    ``command``, e.g. ``["scancel", "$SLURM_JOB_ID"]``, then waits up to ``timeout`` to be ended from outside,
+    so that the run cannot finish before the fault lands). Fires once per run directory, so the resumed run passes the same step. The journal records
     the kill time just before the signal. With ``after_task`` (the chief), the kill waits until
     that task's journal records the step: its callbacks journal a step after BackupAndRestore has
     written that step's backup, so the failure lands after the backup is on disk. Without the
@@ -176,8 +178,15 @@ def kill_at_step_callback(run_dir: str | os.PathLike, task: str, global_step: in
             if this_task() == task and step == global_step and fire_once(journal_dir, f"kill-{task}-{step}"):
                 if after_task is not None and after_task != task:
                     wait_for_step(journal_dir, after_task, step, timeout=timeout)
-                Journal(journal_dir).write("kill", global_step=step, signal=int(sig))
-                os.kill(os.getpid(), sig)
+                if command is None:
+                    Journal(journal_dir).write("kill", global_step=step, signal=int(sig))
+                    os.kill(os.getpid(), sig)
+                    return
+                argv = [os.path.expandvars(part) for part in command]
+                Journal(journal_dir).write("kill", global_step=step, command=argv)
+                subprocess.run(argv, check=True, timeout=timeout)
+                time.sleep(timeout)  # ended from outside meanwhile; no event to wait on
+                raise KitError(f"{task} still runs {timeout:g} s after {' '.join(argv)}", fix="check the command")
 
     return KillAtStep()
 
@@ -213,12 +222,14 @@ def journal_callback(journal: Journal):
 def train_resumable(run_dir: str, per_worker_batch: int = 64, epochs: int = 4, steps_per_epoch: int = 20,
                     save_freq: str | int = "epoch", kill_task: str | None = None,
                     kill_at_global_step: int | None = None, kill_signal: int = signals.SIGKILL,
-                    learning_rate: float = 0.001, seed: int = 42, verbose: int = 0) -> dict[str, Any]:
+                    learning_rate: float = 0.001, seed: int = 42, verbose: int = 0,
+                    kill_command: Sequence[str] | None = None) -> dict[str, Any]:
     """The seeds' example under MultiWorkerMirroredStrategy, resumable with ``BackupAndRestore``.
 
     Call it again after a failure (``cluster.with_options(max_failures=2).run(train_resumable, ...)``): it
     resumes from the last backup in ``run_dir/backup`` (per epoch, or every ``save_freq`` steps).
-    ``kill_task``/``kill_at_global_step`` inject one failure. Returns this attempt's history.
+    ``kill_task``/``kill_at_global_step`` inject one failure (``kill_signal``, or ``kill_command`` run there, e.g.
+    ``["scancel", "$SLURM_JOB_ID"]``: :func:`kill_at_step_callback`). Returns this attempt's history.
     """
     tf = import_tensorflow()
     from . import data, models
@@ -236,7 +247,7 @@ def train_resumable(run_dir: str, per_worker_batch: int = 64, epochs: int = 4, s
     ]
     if kill_task is not None and kill_at_global_step is not None:
         callbacks.append(kill_at_step_callback(run_dir, kill_task, kill_at_global_step, kill_signal,
-                                               after_task=chief_task()))
+                                               after_task=chief_task(), command=kill_command))
     history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
                         callbacks=callbacks)
     return {"task": this_task(), "attempt": journal.attempt, "epochs_run": list(history.epoch),

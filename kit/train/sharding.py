@@ -1,25 +1,25 @@
-"""Which examples each worker sees: MNIST as TFRecord files, auto-shard policies, manual sharding.
+"""Notebook 04's plumbing: MNIST as TFRecord files, and the tables and strips of which worker saw which example.
 
-The functions that take a ``strategy`` or build one run on the workers (through ``cluster.run``)
-and return plain lists of example ids, so that a notebook can tabulate and draw what each worker
-saw. Every example carries its ``id``: its index in MNIST's training set.
+The lesson's TensorFlow code (the id pipelines, the auto-shard policies, ``experimental_distribute_dataset``,
+manual sharding with ``InputContext``) is 04's own cells, tagged ``sharding``; tests/test_sharding.py runs
+those cells on a cluster (``kit.tools.cells.run_tagged``). What is left here is what the lesson does not teach:
+:func:`write_mnist_tfrecords` makes the files (run on one worker), and the pure helpers turn the ids each worker
+saw into the notebook's tables, checks and figure. Every example carries its ``id``: its index in MNIST's
+training set.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from ._tf import import_tensorflow
-from ..core.errors import OptionError, first_line
+from ..core.errors import OptionError
 from ..core.files import save_figure
-from ..core.tfconfig import this_task
 
-#: tf.data's auto-shard policies, as accepted by :func:`with_policy`.
-POLICIES = ("AUTO", "FILE", "DATA", "OFF")
 
 # ----- files ------------------------------------------------------------------------------------
 def block_ids(examples: int, num_files: int) -> list[list[int]]:
@@ -59,155 +59,12 @@ def write_mnist_tfrecords(directory: str | os.PathLike, num_files: int, examples
     return files
 
 
-def parse_record(record):
-    """One serialized record → ``{"id", "image" (28×28 float32 in [0, 1]), "label"}``."""
-    tf = import_tensorflow()
-    spec = {"id": tf.io.FixedLenFeature([], tf.int64), "image": tf.io.FixedLenFeature([], tf.string),
-            "label": tf.io.FixedLenFeature([], tf.int64)}
-    parsed = tf.io.parse_single_example(record, spec)
-    image = tf.reshape(tf.io.decode_raw(parsed["image"], tf.uint8), (28, 28))
-    return {"id": parsed["id"], "image": tf.cast(image, tf.float32) / 255.0, "label": parsed["label"]}
-
-
-# ----- datasets ---------------------------------------------------------------------------------
-def file_dataset(files: Sequence[str]):
-    """Examples read from TFRecord files (a file-based source: FILE sharding applies)."""
-    tf = import_tensorflow()
-    return tf.data.TFRecordDataset(list(files)).map(parse_record)
-
-
-def memory_dataset(examples: int, *, path: str | os.PathLike | None = None):
-    """MNIST's first ``examples`` training examples from memory (no files: FILE sharding cannot apply)."""
-    tf = import_tensorflow()
-    from .data import load_mnist
-
-    (x_train, y_train), _ = load_mnist(path)
-    return tf.data.Dataset.from_tensor_slices({
-        "id": np.arange(examples, dtype=np.int64), "image": x_train[:examples],
-        "label": y_train[:examples].astype(np.int64)})
-
-
-def source_dataset(files: Sequence[str] | None = None, examples: int | None = None):
-    """:func:`file_dataset` when ``files`` are given, else :func:`memory_dataset`."""
-    if files:
-        return file_dataset(files)
-    if examples is None:
-        raise OptionError("files", "neither files= nor examples= was given",
-                          "give files= (TFRecord files) or examples= (in-memory examples)")
-    return memory_dataset(examples)
-
-
-def with_policy(dataset, policy: str):
-    """``dataset`` with ``tf.data.Options().experimental_distribute.auto_shard_policy`` set."""
-    tf = import_tensorflow()
-    if policy not in POLICIES:
-        raise OptionError("policy", f"{policy!r} is unknown", f"use one of {', '.join(POLICIES)}")
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, policy)
-    return dataset.with_options(options)
-
-
 def files_of_worker(files: Sequence[str], worker: int, workers: int) -> list[str]:
     """The files FILE sharding gives to ``worker`` of ``workers``: every ``workers``-th, from ``worker``."""
     return list(files[worker::workers])
 
 
-# ----- what a worker sees -----------------------------------------------------------------------
-def local_ids(dist_strategy, distributed_dataset, steps: int | None = None) -> list[list[int]]:
-    """Iterate a distributed dataset of ids; per step, the ids of this worker's replicas, in order.
-
-    Stops after ``steps`` steps, or when the dataset ends on every worker (a worker that runs out
-    first gets empty batches meanwhile).
-    """
-    seen: list[list[int]] = []
-    for batch in distributed_dataset:
-        seen.append([int(i) for part in dist_strategy.experimental_local_results(batch)
-                     for i in part.numpy().ravel()])
-        if steps is not None and len(seen) >= steps:
-            break
-    return seen
-
-
-def _workers(dist_strategy) -> int:
-    return len(dist_strategy.cluster_resolver.cluster_spec().as_dict().get("worker", [])) or 1
-
-
-def _task() -> dict[str, Any]:
-    return {"task": this_task()}
-
-
-def observe(policy: str = "AUTO", *, files: Sequence[str] | None = None, examples: int | None = None,
-            global_batch: int = 8, drop_remainder: bool = False, repeat: bool = False,
-            steps: int | None = None, wait_seconds: float | None = None) -> dict[str, Any]:
-    """Run on every worker: which ids this worker gets from ``experimental_distribute_dataset``.
-
-    The dataset (``files`` or ``examples``) is batched with the *global* batch and auto-sharded
-    with ``policy``, under this process's strategy (:func:`kit.train.strategies.build_strategy`). Returns
-    ``task``, ``worker`` (task id), ``workers``, ``steps`` (ids per step), ``error`` (None, or
-    the error this worker raised, as "Type: first line") and ``finished``. With ``wait_seconds``
-    the iteration runs in a thread and is abandoned after that long (``finished`` False: the
-    worker is blocked, e.g. in a collective whose peer failed; restart the cluster afterwards).
-    """
-    tf = import_tensorflow()
-    from .multiworker import call_with_deadline
-    from .strategies import build_strategy
-
-    dist = build_strategy("multi_worker_mirrored")
-    dataset = source_dataset(files, examples).map(lambda example: example["id"])
-    if repeat:
-        dataset = dataset.repeat()
-    dataset = with_policy(dataset.batch(global_batch, drop_remainder=drop_remainder), policy)
-    result = {**_task(), "worker": dist.cluster_resolver.task_id, "workers": _workers(dist),
-              "steps": [], "error": None, "finished": True}
-
-    def iterate() -> list[list[int]]:
-        return local_ids(dist, dist.experimental_distribute_dataset(dataset), steps)
-
-    if wait_seconds is None:
-        try:
-            result["steps"] = iterate()
-        except (tf.errors.OpError, ValueError) as error:
-            result["error"] = first_line(error)
-    else:
-        outcome = call_with_deadline(iterate, wait_seconds)
-        result.update(steps=outcome["value"] or [], error=outcome["error"], finished=outcome["finished"])
-    return result
-
-
-def observe_manual(*, files: Sequence[str] | None = None, examples: int | None = None,
-                   global_batch: int = 8, steps: int | None = None) -> dict[str, Any]:
-    """Run on every worker: manual sharding through ``distribute_datasets_from_function``.
-
-    The dataset function shards by ``InputContext`` (``shard(num_input_pipelines,
-    input_pipeline_id)``) and batches with the *per-replica* batch; tf.data does not auto-shard a
-    dataset made this way. Returns what :func:`observe` returns, plus the ``InputContext`` the
-    function was called with.
-    """
-    from .strategies import build_strategy
-
-    dist = build_strategy("multi_worker_mirrored")
-    contexts: list[dict[str, int]] = []
-
-    def dataset_fn(context):
-        contexts.append({"num_input_pipelines": context.num_input_pipelines,
-                         "input_pipeline_id": context.input_pipeline_id,
-                         "per_replica_batch": context.get_per_replica_batch_size(global_batch)})
-        dataset = source_dataset(files, examples).map(lambda example: example["id"])
-        dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
-        return dataset.batch(context.get_per_replica_batch_size(global_batch))
-
-    distributed = dist.distribute_datasets_from_function(dataset_fn)
-    return {**_task(), "worker": dist.cluster_resolver.task_id, "workers": _workers(dist),
-            "steps": local_ids(dist, distributed, steps), "error": None, "finished": True,
-            "input_context": contexts[0]}
-
-
 # ----- looking at the results (pure) ------------------------------------------------------------
-def ids_seen(observed: Mapping[str, Any]) -> list[int]:
-    """All ids a worker saw in an :func:`observe` result, in order."""
-    return [i for step in observed["steps"] for i in step]
-
-
 def compact(ids: Iterable[int]) -> str:
     """Ids as sorted ranges, e.g. ``[0, 1, 2, 5, 7, 8]`` → ``"0-2, 5, 7-8"`` (repeats are dropped)."""
     values = sorted(set(int(i) for i in ids))

@@ -39,8 +39,8 @@ c.SlurmEngineSetLauncher.batch_template = """#!/bin/bash
 #SBATCH --output=/dev/null
 srun {program_and_args}
 """
-# Keep the engines from outliving the notebook: they exit after missing 5 of the controller's heartbeats
-# (15 s; the default is 50). Engines read IPEngine options from their command line, not from this file.
-# The kit ties the controller it starts to the notebook's kernel: a killed kernel ends the controller, the
-# engines, and so their jobs.
+# Keep the engines from outliving the notebook. The kit ties the controller it starts to the notebook's kernel:
+# a killed kernel ends the controller, whose last act is `scancel` of the kit's jobs. Should that fail, the
+# engines exit after missing 5 of the controller's heartbeats (15 s; the default is 50). Engines read IPEngine
+# options from their command line, not from this file.
 c.SlurmEngineSetLauncher.engine_args = ["--IPEngine.max_heartbeat_misses=5"]

@@ -34,7 +34,8 @@ c.SSHEngineSetLauncher.remote_python = "/path/to/project/.venv/bin/python"
 # that nothing waits for an answer. OpenSSH 9's scp speaks SFTP: the hosts' sshd needs its sftp subsystem.
 c.SSHLauncher.ssh_args = ["-F", "/home/you/.ssh/kit-cluster.config"]
 c.SSHLauncher.scp_args = ["-F", "/home/you/.ssh/kit-cluster.config"]
-# Engines notice a dead controller after 5 missed heartbeats (15 s; the default is 50). Engines read IPEngine
-# options from their command line, not from this file. The kit ties the controller it starts to the
-# notebook's kernel: a killed kernel ends the controller, then the engines.
+# The kit ties the controller it starts to the notebook's kernel: a killed kernel ends the controller, whose
+# last act is to kill the kit's engines over ssh. Should that fail (a host unreachable), engines notice a dead
+# controller after 5 missed heartbeats (15 s; the default is 50). Engines read IPEngine options from their
+# command line, not from this file.
 c.SSHEngineSetLauncher.engine_args = ["--IPEngine.max_heartbeat_misses=5"]
