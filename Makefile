@@ -83,7 +83,7 @@ quick: $(STAMP)  ## the fast loop: pytest -m "not slow"
 # and the kit's processes inside, each notebook's peak working set and anonymous memory at most 90 % of
 # 2 GiB, 1,843 MiB) and prints each notebook's time and peak memory, and which processes held it at the
 # peak. Not root: plain runs, a notice, and the check skips saying why. Not every notebook gets 1 CPU: on
-# 2 cores, `make binder` (all of them with 1 CPU) took 858 s where these two runs took 344 + 52 s, too long
+# 2 cores, `make binder` (all of them with 1 CPU) took 833 s of cells where these two runs took 418 + 48 s, too long
 # for make test's 20 minutes (README, Binder and conda).
 BINDER_ONE_CPU := notebooks/07-parameter-server.ipynb
 # Notebook 11 runs in neither: live, it starts Slurm's and sshd's daemons and network namespaces as root
