@@ -103,9 +103,9 @@ def test_the_slurm_record_holds_each_run_and_the_medians():
 
 
 def test_the_slurm_profile_is_installed_with_the_login_nodes_address(tmp_path):
-    from kit.tools import slurm_bench
+    from kit.tools import sim_cluster
 
-    folder = slurm_bench.install_profile("10.70.1.1", tmp_path / "profile_kit-slurm")
+    folder = sim_cluster.install_profile("slurm", "10.70.1.1", tmp_path / "profile_kit-slurm")
     text = (folder / "ipcluster_config.py").read_text()
     assert 'c.Cluster.controller_location = "10.70.1.1"' in text and "login1" not in text
     assert 'engine_launcher_class = "slurm"' in text

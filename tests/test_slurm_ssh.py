@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 
 import ipyparallel as ipp
@@ -71,46 +70,17 @@ def slurm_env(sim, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(EXAMPLE), os.environ.get("PYTHONPATH")])))
     yield
     deadline = time.monotonic() + 30  # stop() has cancelled the kit's jobs: they may still be COMPLETING
-    while squeue() and time.monotonic() < deadline:
+    while sim.jobs() and time.monotonic() < deadline:
         time.sleep(0.2)  # polling squeue
-    left = squeue()
+    left = sim.jobs()
     if left:
         subprocess.run(["scancel", *[job.split()[0] for job in left]], capture_output=True)
     assert not left, f"jobs left in the queue: {left}"
 
 
-def squeue() -> list[str]:
-    result = subprocess.run(["squeue", "-h", "-o", "%i %j %T %r"], capture_output=True, text=True, timeout=30)
-    assert result.returncode == 0, result.stderr
-    return [line for line in result.stdout.splitlines() if line.strip()]
-
-
 def profile(kind: str, sim: SimCluster, folder: Path) -> Path:
     """docs/profiles/<kind> as a user installs it, with the emulated login node's address."""
-    target = folder / f"profile_kit-{kind}"
-    target.mkdir(parents=True)
-    text = (PROFILES / kind / "ipcluster_config.py").read_text()
-    assert 'controller_location = "login1"' in text
-    text = text.replace('controller_location = "login1"', f'controller_location = "{sim.controller_ip}"')
-    (target / "ipcluster_config.py").write_text(text)
-    return target
-
-
-def processes_on_hosts(sim: SimCluster) -> list[str]:
-    """Every process in the hosts' namespaces but their daemons (slurmd, sshd)."""
-    daemons = set(sim.state.pids.values())
-    found = []
-    for host in sim.hosts:
-        for pid in sim_state.namespace_pids(host.namespace):
-            if pid in daemons:
-                continue
-            try:
-                proc = psutil.Process(pid)
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    found.append(f"{host.name} {pid}: {' '.join(proc.cmdline()[:4])}")
-            except psutil.NoSuchProcess:
-                continue
-    return found
+    return sim.install_profile(kind, folder / f"profile_kit-{kind}")
 
 
 def wait_until(condition, timeout: float, what: str):
@@ -179,7 +149,7 @@ def test_kit_trains_on_slurm_one_task_per_node_behind_the_peer_only_firewall(sim
         with pytest.warns(ExposedPortsWarning) as warned, \
                 TFCluster(workers=2, engines=engines, start_timeout=120) as cluster:
             ready_s = time.monotonic() - started
-            jobs = squeue()
+            jobs = sim.jobs()
             assert len(jobs) == 2 and all("kit-engine RUNNING" in job for job in jobs), jobs
             assert sorted(cluster.run(socket.gethostname)) == ["h1", "h2"]  # one task per node
             tasks = cluster.tasks
@@ -214,8 +184,8 @@ def test_kit_trains_on_slurm_one_task_per_node_behind_the_peer_only_firewall(sim
     np.testing.assert_allclose(behind_rules[0]["loss"], with_kit[0]["loss"], rtol=1e-5)
     np.testing.assert_allclose(behind_rules[1]["loss"], with_kit[0]["loss"], rtol=1e-5)
     assert not [h.name for h in sim.hosts if "inet kit" in in_namespace(h, "nft", "list", "tables").stdout]
-    wait_until(lambda: not squeue(), 30, "the kit's jobs to leave the queue after stop()")
-    wait_until(lambda: not processes_on_hosts(sim), 30, "the engines to end on every node")
+    wait_until(lambda: not sim.jobs(), 30, "the kit's jobs to leave the queue after stop()")
+    wait_until(lambda: not sim.leftovers(), 30, "the engines to end on every node")
     assert not list(Path.cwd().glob("*.sbatch")), "a batch script was written outside the profile"
 
 
@@ -253,7 +223,7 @@ def test_the_kit_waits_for_a_queued_job_and_a_killed_kernel_leaves_no_job(sim, s
     blocker = subprocess.run(["sbatch", "--parsable", "-N2", "--job-name=other-user", "--output=/dev/null",
                               "--wrap", "sleep 600"], capture_output=True, text=True, timeout=30, check=True)
     blocker = blocker.stdout.strip()
-    wait_until(lambda: any(f"{blocker} other-user RUNNING" in job for job in squeue()), 30, "the blocking job")
+    wait_until(lambda: any(f"{blocker} other-user RUNNING" in job for job in sim.jobs()), 30, "the blocking job")
     engines = ipp.Cluster(profile_dir=str(profile("slurm", sim, tmp_path / "a")), log_level=40)
     with pytest.raises(ClusterError) as info:
         TFCluster(workers=2, engines=engines, start_timeout=8).start()
@@ -262,24 +232,24 @@ def test_the_kit_waits_for_a_queued_job_and_a_killed_kernel_leaves_no_job(sim, s
     assert "too few engines: 0 registered within 8s" in message and "PENDING, reason: Resources" in message
     assert "worker-0 job" in message and "worker-1 job" in message and "raise start_timeout" in message
     assert info.value.tasks == ["worker:0", "worker:1"]
-    wait_until(lambda: [j.split()[1] for j in squeue()] == ["other-user"], 30, "the failed start's jobs to go")
+    wait_until(lambda: [j.split()[1] for j in sim.jobs()] == ["other-user"], 30, "the failed start's jobs to go")
 
     profiles = {"slurm": profile("slurm", sim, tmp_path / "b"), "ssh": ssh_profile(sim, tmp_path / "c")}
     kernel = subprocess.Popen([sys.executable, "-c", KERNEL.format(repo=str(REPO), **{k: str(v) for k, v in
                                                                                    profiles.items()})],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: sum("kit-engine PENDING" in j for j in squeue()) == 2, 60, "the kernel's jobs to queue")
+        wait_until(lambda: sum("kit-engine PENDING" in j for j in sim.jobs()) == 2, 60, "the kernel's jobs to queue")
         subprocess.run(["scancel", blocker], check=True, timeout=30)
         ready = kernel.stdout.readline().split()  # the kernel's start is bounded by its start_timeout (120 s)
         assert ready == ["ready", "h1", "h2", "h1", "h2"], ready
-        assert sum("kit-engine RUNNING" in j for j in squeue()) == 2
+        assert sum("kit-engine RUNNING" in j for j in sim.jobs()) == 2
     finally:
         kernel.kill()
         kernel.wait(timeout=30)
     started = time.monotonic()
-    wait_until(lambda: not squeue(), 60, "the jobs of a killed kernel to end")
-    wait_until(lambda: not processes_on_hosts(sim), 30, "the engines of a killed kernel to end")
+    wait_until(lambda: not sim.jobs(), 60, "the jobs of a killed kernel to end")
+    wait_until(lambda: not sim.leftovers(), 30, "the engines of a killed kernel to end")
     print(f"jobs gone {time.monotonic() - started:.1f} s after the kernel was killed")
     # the controllers' lifelines ended them (kit.core._lifeline's last words), not the engines' missed heartbeats
     for kind, command in (("slurm", "scancel"), ("ssh", "ssh")):
@@ -317,7 +287,7 @@ def test_a_killed_task_and_a_cancelled_job_are_lost_tasks_and_the_run_resumes(si
         arenas = cluster.run(malloc_arenas)
         idle_job = jobs[-1]["worker:1"]
         subprocess.run(["scancel", idle_job], check=True, timeout=30)  # plain: an idle engine ends at once
-        wait_until(lambda: not [j for j in squeue() if j.split()[0] == idle_job], 30, f"job {idle_job} to end")
+        wait_until(lambda: not [j for j in sim.jobs() if j.split()[0] == idle_job], 30, f"job {idle_job} to end")
         with pytest.raises(ClusterError, match=r"worker:1: the engine process is gone") as info:
             cluster.run(socket.gethostname)
         assert info.value.tasks == ["worker:1"]
@@ -334,8 +304,8 @@ def test_a_killed_task_and_a_cancelled_job_are_lost_tasks_and_the_run_resumes(si
     # Slurm's engines start without MALLOC_ARENA_MAX (glibc then ignores the variable): the kit's mallopt kept
     # TensorFlow's threads from adding any arena to those the engine had before its role was set
     assert all(limit == 2 and now == before for limit, before, now in arenas), arenas
-    wait_until(lambda: not squeue(), 30, "the kit's jobs to leave the queue after stop()")
-    wait_until(lambda: not processes_on_hosts(sim), 30, "the engines to end on every node")
+    wait_until(lambda: not sim.jobs(), 30, "the kit's jobs to leave the queue after stop()")
+    wait_until(lambda: not sim.leftovers(), 30, "the engines to end on every node")
 
 
 # ----- SSH -----------------------------------------------------------------------------------------
@@ -370,4 +340,4 @@ def test_kit_trains_over_ssh_restarts_and_leaves_no_process(sim, tmp_path):
         assert sorted(cluster.run(socket.gethostname)) == ["h1", "h2"]  # the fresh engines: one per host again
         resilience.remove_backup_dir(run_dir)
     print(f"SSH: TFCluster ready in {ready_s:.1f} s")
-    wait_until(lambda: not processes_on_hosts(sim), 30, "the engines to end on every host after stop()")
+    wait_until(lambda: not sim.leftovers(), 30, "the engines to end on every host after stop()")

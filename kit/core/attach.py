@@ -35,6 +35,8 @@ RUNNING_JOB_STATES = {"RUNNING", "CONFIGURING", "SUSPENDED"}
 ONE_SET = "kit-tasks"
 #: How long the engines may take to remove their temporary folders before they are stopped.
 TMPDIR_TIMEOUT_S = 10.0
+#: How long an SSH engine may take to end after its SIGKILL, as seen over ssh (one round trip when it has).
+SSH_END_TIMEOUT_S = 10.0
 #: How often a run asks Slurm for its jobs' states, at most (one ``squeue`` for all of them).
 JOB_STATE_PERIOD_S = 2.0
 #: The controller's last commands, in the profile folder (kit.core._lifeline: a killed kernel's jobs end at once).
@@ -170,10 +172,9 @@ class ForeignEngines(Engines):
                 launcher = source.controller_launcher_class
                 if launcher in ("local", LocalControllerLauncher) or launcher is None:
                     # tied to this process by a lifeline (kit.core._lifeline), as a local cluster's: a killed
-                    # kernel takes the controller with it, and the engines on the other hosts then exit
-                    # after IPEngine.max_heartbeat_misses (their jobs end, their hosts are left clean)
-                    # and its last words cancel this cluster's Slurm jobs at once (kept current by
-                    # _record_last_words)
+                    # kernel takes the controller with it, whose last words end this cluster's Slurm jobs and
+                    # SSH engines at once (_record_last_words keeps them current); should they fail, the
+                    # engines exit after IPEngine.max_heartbeat_misses
                     self.last_words = os.path.join(source.profile_dir, LAST_WORDS_FILE)
                     source.start_controller_sync(
                         controller_cmd=[sys.executable, "-m", "kit.core._boot", "ipyparallel.controller"],
@@ -288,7 +289,7 @@ def _until_ssh_engines_ended(launchers) -> None:
         if not isinstance(launcher, SSHLauncher) or launcher.state != "running":
             continue
         try:
-            code = launcher.wait_one(timeout=TMPDIR_TIMEOUT_S)
+            code = launcher.wait_one(timeout=SSH_END_TIMEOUT_S)
         except (TimeoutError, RuntimeError, subprocess.CalledProcessError) as error:
             log.info("SSH engine %s not seen ending after SIGKILL: %s", launcher.pid, error)
             continue

@@ -37,17 +37,21 @@ import tempfile
 import uuid
 from pathlib import Path
 
+import psutil
+
 from .sim_config import SLURM_CONF, SSH_CLIENT, SSHD_CONFIG
-from .sim_state import (DAEMON_TIMEOUT_S, NETNS_ETC, STOP_TIMEOUT_S, Host, SimClusterError, State, run_command, teardown,
-                        wait_for)
+from .sim_state import (DAEMON_TIMEOUT_S, NETNS_ETC, STOP_TIMEOUT_S, Host, SimClusterError, State, namespace_pids,
+                        run_command, teardown, wait_for)
 
 #: The programs the emulated cluster needs, and the Debian package of each.
 PROGRAMS = {"ip": "iproute2", "unshare": "util-linux", "nsenter": "util-linux", "munged": "munge",
             "mungekey": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm",
             "squeue": "slurm-wlm", "scancel": "slurm-wlm", "scontrol": "slurm-wlm", "sinfo": "slurm-wlm",
             "sshd": "openssh-server", "ssh": "openssh-client", "ssh-keygen": "openssh-client",
-            "nft": "nftables"}  # the firewall rules of kit.tools.firewall, loaded in the hosts (tests/test_firewall.py)
+            "nft": "nftables"}  # the rules of kit.tools.firewall, loaded in the hosts (tests/test_slurm_ssh.py)
 SBIN = ("/usr/sbin", "/sbin")
+#: The ipyparallel profiles the docs give (a checkout's; docs/profiles/slurm, docs/profiles/ssh).
+PROFILES = Path(__file__).resolve().parents[2] / "docs" / "profiles"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 
 
@@ -65,6 +69,20 @@ def missing() -> list[str]:
     if packages:
         problems.append(f"the packages {', '.join(packages)}: apt-get install {' '.join(packages)}")
     return problems
+
+
+def install_profile(kind: str, controller: str, folder: str | os.PathLike) -> Path:
+    """docs/profiles/``kind``/ipcluster_config.py in ``folder`` (made), with ``controller`` as the login node's
+    address (the profile's ``"login1"``); a checkout's profiles (an installed wheel has no docs/)."""
+    source = PROFILES / kind / "ipcluster_config.py"
+    line = 'controller_location = "login1"'
+    if not source.is_file() or line not in source.read_text():
+        raise SimClusterError(f"{source} does not exist or no longer sets {line}",
+                              fix="run from a checkout of the kit, and keep the profile's login-node line")
+    target = Path(folder)
+    target.mkdir(parents=True)
+    (target / "ipcluster_config.py").write_text(source.read_text().replace(line, f'controller_location = "{controller}"'))
+    return target
 
 
 def _free_port() -> int:
@@ -129,6 +147,33 @@ class SimCluster:
     def environment(self) -> dict[str, str]:
         """The variables for Slurm's commands (``SLURM_CONF``) to talk to this cluster."""
         return {"SLURM_CONF": str(self.slurm_conf)}
+
+    def jobs(self) -> list[str]:
+        """The queue as ``squeue`` shows it, a job a line: ``id name state reason``."""
+        shown = run_command("squeue", "-h", "-o", "%i %j %T %r", what="list the jobs (squeue)",
+                            env={**os.environ, **self.environment()})
+        return [line for line in shown.stdout.splitlines() if line.strip()]
+
+    def leftovers(self) -> list[str]:
+        """Every live process in the hosts but their daemons (slurmd, sshd): ``host pid: command``."""
+        daemons = set(self._need().pids.values())
+        found = []
+        for host in self.hosts:
+            for pid in namespace_pids(host.namespace):
+                if pid in daemons:
+                    continue
+                try:
+                    process = psutil.Process(pid)
+                    if process.status() != psutil.STATUS_ZOMBIE:
+                        found.append(f"{host.name} {pid}: {' '.join(process.cmdline()[:4])}")
+                except psutil.NoSuchProcess:
+                    continue
+        return found
+
+    def install_profile(self, kind: str, folder: str | os.PathLike) -> Path:
+        """docs/profiles/``kind`` (``slurm``, ``ssh``) installed in ``folder`` as a user installs it, with this
+        machine's bridge address as the login node's."""
+        return install_profile(kind, self.controller_ip, folder)
 
     def _need(self) -> State:
         if self.state is None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,10 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..core.errors import KitError
 
-#: The profile the section installs (a checkout's; an installed wheel has no docs/).
-PROFILE = Path(__file__).resolve().parents[2] / "docs" / "profiles" / "slurm"
 #: What each run records, in order (seconds from entering TFCluster, slowest task).
 MARKS = ("started", "imported", "strategy")
 KINDS = ("local", "slurm")
@@ -56,24 +52,12 @@ def strategy_marks() -> dict[str, float]:
 
 def why_not() -> str | None:
     """Why this machine cannot run the section, naming the fix; None if it can."""
-    from .sim_cluster import missing
+    from .sim_cluster import PROFILES, missing
 
     problems = missing()
-    if not (PROFILE / "ipcluster_config.py").is_file():
-        problems.append(f"the Slurm profile {PROFILE / 'ipcluster_config.py'}: run from a checkout of the kit")
+    if not (PROFILES / "slurm" / "ipcluster_config.py").is_file():
+        problems.append(f"the Slurm profile {PROFILES / 'slurm' / 'ipcluster_config.py'}: run from a checkout of the kit")
     return "an emulated cluster needs " + "; ".join(problems) if problems else None
-
-
-def install_profile(controller: str, folder: Path) -> Path:
-    """docs/profiles/slurm in ``folder`` as a user installs it, with ``controller`` as the login node's address."""
-    text = (PROFILE / "ipcluster_config.py").read_text()
-    line = 'controller_location = "login1"'
-    if line not in text:
-        raise KitError(f"{PROFILE / 'ipcluster_config.py'} no longer sets {line}",
-                       fix="update kit.tools.slurm_bench.install_profile to the profile's line for the login node")
-    folder.mkdir(parents=True)
-    (folder / "ipcluster_config.py").write_text(text.replace(line, f'controller_location = "{controller}"'))
-    return folder
 
 
 @contextlib.contextmanager
@@ -113,24 +97,12 @@ def timed_start(engines: Any = None) -> dict[str, float]:
 def wait_until_clear(sim: Any) -> None:
     """Bounded: no job left in the queue and no process but the daemons on the nodes, so that the next run
     starts from an idle cluster."""
-    from .sim_state import namespace_pids, wait_for
+    from .sim_state import wait_for
 
-    env = {**os.environ, **sim.environment()}
-    daemons = set(sim.state.pids.values())
-
-    def queue() -> str:
-        shown = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True, env=env, timeout=30)
-        if shown.returncode != 0:
-            raise KitError(f"squeue failed: {shown.stderr.strip()}", fix=f"read slurmctld's log in {sim.root}/slurm")
-        return shown.stdout.strip()
-
-    def on_nodes() -> list[int]:
-        return [p for h in sim.hosts for p in namespace_pids(h.namespace) if p not in daemons]
-
-    wait_for(lambda: not queue(), CLEAR_TIMEOUT_S, "the kit's Slurm jobs to leave the queue after stop()",
-             lambda: f"; squeue: {queue()}")
-    wait_for(lambda: not on_nodes(), CLEAR_TIMEOUT_S, "the engines to end on every node after stop()",
-             lambda: f"; processes left: {on_nodes()}")
+    wait_for(lambda: not sim.jobs(), CLEAR_TIMEOUT_S, "the kit's Slurm jobs to leave the queue after stop()",
+             lambda: f"; squeue: {sim.jobs()}")
+    wait_for(lambda: not sim.leftovers(), CLEAR_TIMEOUT_S, "the engines to end on every node after stop()",
+             lambda: f"; processes left: {sim.leftovers()}")
 
 
 def summarize(runs: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
@@ -157,7 +129,7 @@ def measure(repeats: int, log: Callable[[str], None] = print) -> dict[str, Any]:
             up_s = time.monotonic() - began
             for rep in range(repeats):
                 runs["local"].append(timed_start())
-                profile = install_profile(sim.controller_ip, Path(folder) / f"profile_kit-slurm-{rep}")
+                profile = sim.install_profile("slurm", Path(folder) / f"profile_kit-slurm-{rep}")
                 with slurm_environment(sim.slurm_conf):
                     runs["slurm"].append(timed_start(ipp.Cluster(profile_dir=str(profile), log_level=40)))
                     wait_until_clear(sim)
