@@ -16,15 +16,46 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
+def _own_temporary_folder() -> None:
+    """Under pytest-xdist (make unit runs two workers), each worker gets a temporary folder of its own, set
+    before anything here reads it: the tests that count what a run leaves in the temporary folder
+    (tests/test_workdir.py, tests/test_slurm_ssh.py) then count only their own worker's. The kit's cluster
+    folders, the engines' TMPDIR and TensorFlow's AutoGraph modules all go there; it is removed when the worker
+    exits (after TensorFlow's own exit handlers, which delete the modules of this process)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    import atexit
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix=f"kit-tests-{worker}-")
+    os.environ["TMPDIR"] = folder
+    tempfile.tempdir = None  # tempfile.gettempdir() reads TMPDIR again
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # registered first, so it runs last
+
+
+_own_temporary_folder()
+
+
 #: Fixtures that start a cluster: a test using one is ``slow`` (`pytest -m "not slow"` is the fast loop).
 CLUSTER_FIXTURES = ("make_cluster", "two_workers")
 
 
+#: Modules that bring up an emulated cluster (kit.tools.sim_cluster): one Slurm controller and munge per machine,
+#: so under pytest-xdist they run one after another, in one worker.
+SIM_MODULES = ("test_slurm_ssh", "test_notebook_cluster", "test_bench", "test_sim_lifeline")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark ``slow`` every test that starts a cluster through a fixture, also one written without the mark."""
+    """Mark ``slow`` every test that starts a cluster through a fixture, also one written without the mark.
+
+    And the group of each test for pytest-xdist's ``--dist loadgroup``: its module (a module-scoped cluster is
+    then started once, and a module's tests keep their order), the emulated-cluster modules all in one."""
     for item in items:
         if not item.get_closest_marker("slow") and set(CLUSTER_FIXTURES) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else item.nodeid
+        item.add_marker(pytest.mark.xdist_group("sim" if module in SIM_MODULES else module))
 
 
 def kit_processes(owner_pid: int | None = None) -> list[psutil.Process]:
@@ -41,6 +72,14 @@ def describe(procs: list[psutil.Process]) -> list[str]:
         except psutil.Error:
             out.append(f"{proc.pid}: (exited)")
     return out
+
+
+def exposed(warned) -> list[str]:
+    """The ExposedPortsWarning messages among what ``pytest.warns`` recorded: it records every warning meanwhile
+    (a ResourceWarning of an unclosed file came first in one run), not only the one it waits for."""
+    from kit.core.errors import ExposedPortsWarning
+
+    return [str(w.message) for w in warned if issubclass(w.category, ExposedPortsWarning)]
 
 
 def sh(*args: str) -> None:

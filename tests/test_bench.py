@@ -123,7 +123,9 @@ def test_the_slurm_section_times_both_kinds_and_leaves_nothing_running():
     why = slurm_bench.why_not()
     if why:
         (pytest.fail if os.environ.get("CI") else pytest.skip)(why)
-    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    from kit.tools.sim_state import emulated_namespaces
+
+    namespaces = emulated_namespaces()  # other tests' come and go meanwhile (make unit: xdist)
     conf, lines, report = os.environ.get("SLURM_CONF"), [], {}
     slurm_bench.section(report, lines.append, repeats=1)
     record = report["slurm"]
@@ -134,5 +136,5 @@ def test_the_slurm_section_times_both_kinds_and_leaves_nothing_running():
         record["slurm_behind_local_s"], abs=0.002)
     assert lines[0].startswith("slurm rep 1: local started") and "strategy built" in lines[-1]
     assert os.environ.get("SLURM_CONF") == conf  # the Slurm runs' environment is this process's again
-    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == namespaces
+    assert emulated_namespaces() == namespaces
     assert not kit_processes(os.getpid()), describe(kit_processes(os.getpid()))

@@ -173,6 +173,45 @@ def test_a_jupyter_server_runs_inside_the_group_before_the_command_and_leaves_no
     assert token_free(record), "the server's token is in the record"
 
 
+@pytest.mark.slow
+def test_with_kernels_inside_the_runner_stays_outside_and_the_kernels_it_starts_join_the_group(tmp_path):
+    """nbval's place in make notebooks: on Binder the Jupyter server starts the kernels, so nbval, which does that
+    here, stays outside the group, and the kernels it starts by the kernel name binder-cgroup are inside."""
+    cgroups_or_skip()
+    runner = textwrap.dedent('''
+        from jupyter_client.manager import start_new_kernel
+        km, kc = start_new_kernel(kernel_name="binder-cgroup", startup_timeout=60)
+        try:
+            kc.execute_interactive("import os; print(os.getpid(), open('/proc/self/cgroup').read())", timeout=60,
+                                   output_hook=lambda msg: print(msg["content"].get("text", ""), end=""))
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)
+        print("runner", open("/proc/self/cgroup").read())
+    ''')
+    out = tmp_path / "out.txt"
+    with binder_cgroup.BinderCgroup() as group, out.open("w") as stdout:
+        folder = tmp_path / "kernels"
+        env = {**os.environ, **binder_cgroup.write_kernelspec(folder, group)}
+        record = group.run([sys.executable, "-c", runner], timeout=120, stdout=stdout, env=env, inside=False)
+        name = group.name
+    text = out.read_text()
+    kernel_part, runner_part = text.split("runner ")
+    assert record["returncode"] == 0 and record["command_inside"] is False, (record, text)
+    assert f"/{name}\n" in kernel_part and name not in runner_part, text  # the kernel inside, the runner not
+    assert record["processes_seen"].get("kernel") == 1 and len(record["kernels"]) == 1, record  # one span
+    assert json.loads((folder / "kernels" / "binder-cgroup" / "kernel.json").read_text())["argv"][0] == "/bin/sh"
+
+
+def test_without_a_group_the_kernelspec_is_the_plain_kernel_so_the_runner_still_finds_it(tmp_path, monkeypatch):
+    """--if-possible without cgroups: nbval still asks for the kernel binder-cgroup; it is this Python's ipykernel."""
+    monkeypatch.setenv("JUPYTER_PATH", "/elsewhere")
+    env = binder_cgroup.write_kernelspec(tmp_path, None)
+    spec = json.loads((tmp_path / "kernels" / "binder-cgroup" / "kernel.json").read_text())
+    assert spec["argv"] == [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"] and spec["env"] == {}
+    assert env == {"JUPYTER_PATH": f"{tmp_path}{os.pathsep}/elsewhere"}  # found first, the user's path kept
+
+
 def token_free(record: dict) -> bool:
     return "token" not in json.dumps(record["jupyter_server"]["command"]).lower()
 

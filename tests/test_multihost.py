@@ -171,3 +171,19 @@ def test_a_users_cluster_without_engines_gets_one_engine_set_per_task(tmp_path, 
     assert engines.controller is None and not engines.engines
     import psutil
     assert not [p for p in started if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+
+def test_a_task_whose_set_is_a_slurm_job_gets_the_engine_in_that_job():
+    """The engines of one-job-per-task sets register in any order: each task must get the engine in its own job,
+    whose state then says whether the task lives (a scancel of worker:0's job was once taken for worker:1's loss)."""
+    from kit.core.attach import assign_tasks
+
+    reports = {0: {"hostname": "h2", "address": "10.0.0.3", "slurm_job_id": "8"},   # worker:1's job came up first
+               1: {"hostname": "h1", "address": "10.0.0.2", "slurm_job_id": "7"}}
+    assert assign_tasks(["worker:0", "worker:1"], reports, {"worker:0": "7", "worker:1": "8"}) == \
+        {"worker:0": 1, "worker:1": 0}
+    # not Slurm jobs (SSH, a user's engines), or a job that no engine reports: spread over the hosts
+    assert assign_tasks(["worker:0", "worker:1"], reports, {"worker:0": None, "worker:1": None}) == \
+        {"worker:0": 0, "worker:1": 1}
+    assert assign_tasks(["worker:0", "worker:1"], reports, {"worker:0": "7", "worker:1": "9"}) == \
+        {"worker:0": 0, "worker:1": 1}

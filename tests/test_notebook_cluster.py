@@ -22,7 +22,7 @@ import numpy as np
 import psutil
 import pytest
 
-from kit.tools import sim_cluster
+from kit.tools import sim_cluster, sim_state
 from kit.tools.experiments import ipc_kernels
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,7 +125,7 @@ def test_live_the_notebook_trains_on_slurm_and_ssh_and_leaves_nothing(tmp_path):
     problems = sim_cluster.missing()
     if problems:
         (pytest.fail if os.environ.get("CI") else pytest.skip)("an emulated cluster needs " + "; ".join(problems))
-    namespaces_before = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+    namespaces_before = set(sim_state.emulated_namespaces())
     sim_dir, record = tmp_path / "sim", tmp_path / "run.json"
     started = time.monotonic()
     try:
@@ -143,13 +143,16 @@ def test_live_the_notebook_trains_on_slurm_and_ssh_and_leaves_nothing(tmp_path):
     check_saved_run(shown)
     assert len(shown["kit losses"]) == 2 and shown["parameters"] == {"HOSTS": 2}
     assert not sim_dir.exists(), f"{sim_dir} is still there"
-    namespaces_after = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+    namespaces_after = set(sim_state.emulated_namespaces())
     assert namespaces_after <= namespaces_before, f"namespaces left: {sorted(namespaces_after - namespaces_before)}"
-    daemons = []
+    ours = []
     for proc in psutil.process_iter():
         try:
-            if str(sim_dir) in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
-                daemons.append(f"{proc.pid}: {' '.join(proc.cmdline()[:3])}")
+            if str(sim_dir) in " ".join(proc.cmdline()):
+                ours.append(proc)
         except psutil.Error:
             continue  # gone meanwhile, or not ours to read
-    assert not daemons, f"daemons of the emulated cluster left running: {daemons}"
+    # the lifeline sees the cluster gone at its next look (sim_lifeline.POLL_SECONDS) and exits by itself
+    _, alive = psutil.wait_procs(ours, timeout=10)
+    daemons = [f"{p.pid}: {p.name()}" for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not daemons, f"daemons of the emulated cluster still running 10 s after the notebook: {daemons}"

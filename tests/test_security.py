@@ -21,7 +21,7 @@ import cloudpickle
 import psutil
 import pytest
 
-from conftest import REPO, can_make_namespaces, kit_processes, sh
+from conftest import REPO, can_make_namespaces, exposed, kit_processes, sh
 from kit.core import _netns
 from kit.core.cluster import TFCluster
 from kit.core.errors import ClusterError, ExposedPortsWarning
@@ -219,7 +219,7 @@ def test_isolation_none_exposes_the_servers_and_says_so(attacker, make_cluster):
     with pytest.warns(ExposedPortsWarning) as warned:
         cluster = make_cluster(workers=2, isolation="none")
     ports = cluster.with_options(stream=False).run(start_servers)
-    message = str(warned[0].message)
+    (message,) = exposed(warned)
     for task in cluster.tasks:
         assert f"{task.name} at {task.address}" in message
         assert "reachable from the network" in task.listens_on
@@ -236,7 +236,8 @@ def test_without_namespaces_auto_warns_and_required_refuses(monkeypatch, make_cl
     monkeypatch.setattr(_netns.PrivateNetwork, "start", unavailable)
     with pytest.warns(ExposedPortsWarning, match="Operation not permitted") as warned:
         cluster = make_cluster(workers=2)
-    assert all(f"{t.name} at {t.address}" in str(warned[0].message) for t in cluster.tasks)
+    (message,) = exposed(warned)
+    assert all(f"{t.name} at {t.address}" in message for t in cluster.tasks)
     assert cluster.run(os.getpid) == [t.pid for t in cluster.tasks]  # it works, exposed
     with pytest.raises(ClusterError, match="isolation='required'.*Fix:") as info:
         TFCluster(workers=1, isolation="required").start()

@@ -23,6 +23,7 @@ import ipyparallel as ipp
 
 from kit.core.cluster import TFCluster
 from kit.core.errors import ClusterError, ExposedPortsWarning
+from conftest import exposed
 from kit.core.options import engine_set_id
 from kit.train import resilience
 from kit.tools import firewall, sim_cluster, sim_state
@@ -30,9 +31,6 @@ from kit.tools.sim_cluster import SimCluster
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "docs" / "profiles"
-EXAMPLE = PROFILES / "slurm"  # mnist_slurm.py: the same training with and without the kit
-sys.path.insert(0, str(EXAMPLE))
-import mnist_slurm  # noqa: E402 (the engines import it by name, from PYTHONPATH)
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::kit.core.errors.ExposedPortsWarning")]
 
@@ -63,11 +61,9 @@ def temporary_leftovers() -> list[str]:
 
 @pytest.fixture
 def slurm_env(sim, monkeypatch):
-    """This process talks to the emulated Slurm; engines (sbatch exports the environment) find Python and
-    the example module."""
+    """This process talks to the emulated Slurm; engines (sbatch exports the environment) find Python."""
     monkeypatch.setenv("SLURM_CONF", str(sim.slurm_conf))
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(EXAMPLE), os.environ.get("PYTHONPATH")])))
     yield
     deadline = time.monotonic() + 30  # stop() has cancelled the kit's jobs: they may still be COMPLETING
     while sim.jobs() and time.monotonic() < deadline:
@@ -136,68 +132,21 @@ def test_the_emulated_cluster_comes_up_and_leaves_nothing(tmp_path):
     assert not [h for h in state.hosts if Path(sim_state.NETNS_ETC, h.namespace).exists()]
 
 
-def test_kit_trains_on_slurm_one_task_per_node_behind_the_peer_only_firewall(sim, slurm_env, tmp_path):
-    """One task per node, TF_CONFIG from the kit; the warning names every address of every task; the rules of
-    kit.tools.firewall shut this machine (the login node: the controller's host, not a peer) out of every
-    one, and the workers still train. (The same training without the kit, SlurmClusterResolver in an sbatch
-    job, and its losses against the kit's: notebook 11, run by tests/test_notebook_cluster.py.)"""
-    engines = ipp.Cluster(profile_dir=str(profile("slurm", sim, tmp_path)), log_level=40)
-    started = time.monotonic()
-    hosts = {h.address: h for h in sim.hosts}
-    loaded = []
-    try:
-        with pytest.warns(ExposedPortsWarning) as warned, \
-                TFCluster(workers=2, engines=engines, start_timeout=120) as cluster:
-            ready_s = time.monotonic() - started
-            jobs = sim.jobs()
-            assert len(jobs) == 2 and all("kit-engine RUNNING" in job for job in jobs), jobs
-            assert sorted(cluster.run(socket.gethostname)) == ["h1", "h2"]  # one task per node
-            tasks = cluster.tasks
-            assert sorted(t.address.rpartition(":")[0] for t in tasks) == sorted(hosts)
-            message = str(warned[0].message)
-            for t in tasks:  # each host's every address: its bridge address, and its IPv6 link-local one
-                assert t.address in t.reachable_at and len(t.reachable_at) >= 2, t
-                assert f"{t.name} at {t.address} (reachable at {', '.join(t.reachable_at)})" in message
-            assert all("reachable from the network" in t.listens_on for t in tasks)
-            targets = [from_login_node(a, sim.state.bridge) for t in tasks for a in t.reachable_at]
-
-            # a task's server starts when the strategy is built and lives as long as its engine: after one
-            # run every task listens, and the login node can connect to each address the warning named
-            with_kit = cluster.run(mnist_slurm.train)
-            assert [f"{h}:{p}" for h, p in targets if firewall.reachable(h, p, PROBE_S)] == \
-                [f"{h}:{p}" for h, p in targets]
-            for address, script in firewall.nft_rules(tasks).items():
-                loaded.append(hosts[address])
-                done = in_namespace(hosts[address], "nft", "-f", "-", script=script)
-                assert done.returncode == 0, done.stderr
-            shut = [f"{h}:{p}" for h, p in targets if firewall.reachable(h, p, PROBE_S)]
-            assert not shut, f"the login node still reaches {shut}"
-            # the rules match every packet (no connection state): all of the workers' traffic passed them
-            behind_rules = cluster.run(mnist_slurm.train)
-    finally:
-        for host in loaded:
-            removed = in_namespace(host, *firewall.nft_delete())
-            assert removed.returncode == 0, removed.stderr
-    print(f"Slurm: TFCluster ready in {ready_s:.1f} s")
-    assert with_kit[0]["workers"] == 2
-    np.testing.assert_allclose(with_kit[0]["loss"], with_kit[1]["loss"], rtol=1e-6)
-    np.testing.assert_allclose(behind_rules[0]["loss"], with_kit[0]["loss"], rtol=1e-5)
-    np.testing.assert_allclose(behind_rules[1]["loss"], with_kit[0]["loss"], rtol=1e-5)
-    assert not [h.name for h in sim.hosts if "inet kit" in in_namespace(h, "nft", "list", "tables").stdout]
-    wait_until(lambda: not sim.jobs(), 30, "the kit's jobs to leave the queue after stop()")
-    wait_until(lambda: not sim.leftovers(), 30, "the engines to end on every node")
-    assert not list(Path.cwd().glob("*.sbatch")), "a batch script was written outside the profile"
-
-
-def kill_at_step(cluster: TFCluster, run_dir: Path, task: str, step: int) -> threading.Thread:
-    """A thread that ``cluster.kill(task)`` once ``task``'s journal in ``run_dir`` records ``step``."""
+def kill_when_waiting(cluster: TFCluster, run_dir: Path, task: str) -> threading.Thread:
+    """A thread that ``cluster.kill(task)`` once ``task`` waits to be ended: its fault callback journals "kill",
+    runs a no-op command and waits (``kill_command=WAIT``). The run cannot move past that step meanwhile (the
+    peers wait in the next all-reduce), so the kill lands at that step however late the signal arrives: sent at a
+    step seen in the journal, it landed 20 or more steps later in some runs on a loaded machine."""
     def kill():
-        resilience.wait_for_step(run_dir, task, step, timeout=120)
+        resilience.wait_for_event(run_dir, task, "kill", timeout=120)
         cluster.kill(task)
 
     timer = threading.Thread(target=kill)
     timer.start()
     return timer
+
+
+WAIT = ["true"]  # the fault callback's command: nothing; the task then waits to be ended from outside
 
 
 def job_of(engines: ipp.Cluster, task: str) -> str:
@@ -262,19 +211,33 @@ def test_a_killed_task_and_a_cancelled_job_are_lost_tasks_and_the_run_resumes(si
     """One run, two faults: ``cluster.kill("worker:1")`` at step 10, then, in the second attempt, a plain
     ``scancel`` of worker:0's job at step 30. Each is a lost task; each restart gets fresh jobs and resumes from the
     backup. Then a plain ``scancel`` of an idle engine's job: the next run names the task."""
+    def train_with_two_faults(run_dir: str) -> dict:
+        """Attempt 1: worker:1 waits at step 10 for ``cluster.kill`` (:func:`kill_when_waiting`). Attempt 2:
+        worker:0's own callback runs ``scancel`` of its job at step 30 (its job's shell has $SLURM_JOB_ID) and waits
+        to be ended: sent from the test, the signal landed too late in 3 runs of 4 (an attempt's 50 steps take
+        ~5 s). SIGTERM first, which the busy engine defers; Slurm's SIGKILL follows after KillWait (2 s here)."""
+        from kit.train import resilience  # defined here, so that it travels by value
+
+        if resilience.Journal(run_dir).attempt == 1:
+            fault = {"kill_task": "worker:1", "kill_at_global_step": 10, "kill_command": ["true"]}  # WAIT
+        else:
+            fault = {"kill_task": "worker:0", "kill_at_global_step": 30,
+                     "kill_command": ["scancel", "$SLURM_JOB_ID"]}
+        return resilience.train_resumable(run_dir, epochs=3, steps_per_epoch=20, save_freq=5, **fault)
+
     engines = ipp.Cluster(profile_dir=str(profile("slurm", sim, tmp_path)), log_level=40)
     run_dir = tmp_path / "run"
+    started = time.monotonic()
     with TFCluster(workers=2, engines=engines, start_timeout=120) as cluster:
+        ready_s = time.monotonic() - started
+        running = sim.jobs()
+        assert len(running) == 2 and all("kit-engine RUNNING" in job for job in running), running
+        assert sorted(cluster.run(socket.gethostname)) == ["h1", "h2"]  # one task per node, TF_CONFIG from the kit
+        assert sorted(t.address.rpartition(":")[0] for t in cluster.tasks) == sorted(h.address for h in sim.hosts)
         jobs = [{task: job_of(engines, task) for task in cluster.task_names}]
         first_addresses = {t.address for t in cluster.tasks}
-        timer = kill_at_step(cluster, run_dir, "worker:1", 10)
-        # the scancel is sent from worker:0's own callback at step 30 (the shell of its job has $SLURM_JOB_ID),
-        # which then waits to be ended, so the run cannot finish before it lands: sent from here, a kill came too
-        # late in 3 runs of 4 (the 50 steps of an attempt take ~5 s; scancel's signal landed later). SIGTERM
-        # first, which the busy engine defers; Slurm's SIGKILL follows after KillWait (2 s here, 30 s by default)
-        results = cluster.with_options(max_failures=2).run(
-            resilience.train_resumable, str(run_dir), epochs=3, steps_per_epoch=20, save_freq=5,
-            kill_task="worker:0", kill_at_global_step=30, kill_command=["scancel", "$SLURM_JOB_ID"])
+        timer = kill_when_waiting(cluster, run_dir, "worker:1")
+        results = cluster.with_options(max_failures=2).run(train_with_two_faults, str(run_dir))
         timer.join(timeout=60)
         jobs.append({task: job_of(engines, task) for task in cluster.task_names})
         # fresh engines pick fresh ports on their hosts (kit.core.roles): firewall rules must be loaded again
@@ -296,7 +259,8 @@ def test_a_killed_task_and_a_cancelled_job_are_lost_tasks_and_the_run_resumes(si
     assert all(r["attempt"] == 3 and r["global_step"] == 60 for r in results), results
     summary = resilience.summarize(run_dir, "worker:0")
     assert summary["completed"] and summary["steps_redone"] <= 5, summary  # a backup every 5 steps
-    (kill,) = [r for r in resilience.read_journal(run_dir) if r["event"] == "kill"]
+    waited, kill = [r for r in resilience.read_journal(run_dir) if r["event"] == "kill"]
+    assert (waited["task"], waited["global_step"], waited["command"]) == ("worker:1", 10, WAIT), waited
     assert kill["global_step"] == 30 and kill["task"] == "worker:0" and kill["command"][0] == "scancel", kill
     jobs.insert(1, {"worker:0": kill["command"][1]})  # the second attempt's job that was cancelled
     assert len({job for attempt in jobs for job in attempt.values()}) == 5, jobs  # fresh jobs for each attempt
@@ -304,8 +268,10 @@ def test_a_killed_task_and_a_cancelled_job_are_lost_tasks_and_the_run_resumes(si
     # Slurm's engines start without MALLOC_ARENA_MAX (glibc then ignores the variable): the kit's mallopt kept
     # TensorFlow's threads from adding any arena to those the engine had before its role was set
     assert all(limit == 2 and now == before for limit, before, now in arenas), arenas
+    print(f"Slurm: TFCluster ready in {ready_s:.1f} s")
     wait_until(lambda: not sim.jobs(), 30, "the kit's jobs to leave the queue after stop()")
     wait_until(lambda: not sim.leftovers(), 30, "the engines to end on every node")
+    assert not list(Path.cwd().glob("*.sbatch")), "a batch script was written outside the profile"
 
 
 # ----- SSH -----------------------------------------------------------------------------------------
@@ -323,21 +289,59 @@ def ssh_profile(sim: SimCluster, folder: Path) -> Path:
     return target
 
 
-def test_kit_trains_over_ssh_restarts_and_leaves_no_process(sim, tmp_path):
+def test_kit_trains_over_ssh_restarts_and_then_behind_the_peer_only_firewall(sim, tmp_path):
+    """Over SSH, one task per host: a killed task restarts the run on fresh engines. The warning named every
+    address of every task; on the fresh engines the rules of kit.tools.firewall (for their new ports) shut this
+    machine (the login node: the controller's host, not a peer) out of every address, and the workers still
+    train, to the same losses. Nothing is left on any host."""
     engines = ipp.Cluster(profile_dir=str(ssh_profile(sim, tmp_path)), log_level=40)
+    hosts = {h.address: h for h in sim.hosts}
+    loaded = []
     started = time.monotonic()
-    with TFCluster(workers=2, engines=engines, start_timeout=120) as cluster:
-        ready_s = time.monotonic() - started
-        assert sorted(cluster.run(socket.gethostname)) == ["h1", "h2"]  # one task per host
-        run_dir = tmp_path / "run"
-        timer = kill_at_step(cluster, run_dir, "worker:1", 10)
-        results = cluster.with_options(max_failures=1).run(
-            resilience.train_resumable, str(run_dir), epochs=3, steps_per_epoch=20, save_freq=5)
-        timer.join(timeout=60)
-        assert [f.task for f in cluster.failures] == ["worker:1"], cluster.failures
-        assert all(r["attempt"] == 2 and r["global_step"] == 60 for r in results), results
-        np.testing.assert_allclose(results[0]["loss"], results[1]["loss"], rtol=1e-5)
-        assert sorted(cluster.run(socket.gethostname)) == ["h1", "h2"]  # the fresh engines: one per host again
-        resilience.remove_backup_dir(run_dir)
+    try:
+        with pytest.warns(ExposedPortsWarning) as warned, \
+                TFCluster(workers=2, engines=engines, start_timeout=120) as cluster:
+            ready_s = time.monotonic() - started
+            assert sorted(cluster.run(socket.gethostname)) == ["h1", "h2"]  # one task per host
+            (message,) = exposed(warned)
+            for t in cluster.tasks:  # each host's every address: its bridge address, and its IPv6 link-local one
+                assert t.address in t.reachable_at and len(t.reachable_at) >= 2, t
+                assert f"{t.name} at {t.address} (reachable at {', '.join(t.reachable_at)})" in message
+            assert all("reachable from the network" in t.listens_on for t in cluster.tasks)
+
+            run_dir = tmp_path / "run"
+            timer = kill_when_waiting(cluster, run_dir, "worker:1")
+            results = cluster.with_options(max_failures=1).run(
+                resilience.train_resumable, str(run_dir), epochs=3, steps_per_epoch=20, save_freq=5,
+                kill_task="worker:1", kill_at_global_step=10, kill_command=WAIT)
+            timer.join(timeout=60)
+            assert [f.task for f in cluster.failures] == ["worker:1"], cluster.failures
+            assert all(r["attempt"] == 2 and r["global_step"] == 60 for r in results), results
+            np.testing.assert_allclose(results[0]["loss"], results[1]["loss"], rtol=1e-5)
+            assert sorted(cluster.run(socket.gethostname)) == ["h1", "h2"]  # the fresh engines: one per host again
+            resilience.remove_backup_dir(run_dir)
+
+            # a task's server starts when the strategy is built and lives as long as its engine: after one run
+            # every fresh task listens, and the login node can connect to each of its addresses
+            targets = [from_login_node(a, sim.state.bridge) for t in cluster.tasks for a in t.reachable_at]
+            with_kit = cluster.run(resilience.train_resumable, str(tmp_path / "open"), epochs=1)
+            assert [f"{h}:{p}" for h, p in targets if firewall.reachable(h, p, PROBE_S)] == \
+                [f"{h}:{p}" for h, p in targets]
+            for address, script in firewall.nft_rules(cluster.tasks).items():
+                loaded.append(hosts[address])
+                done = in_namespace(hosts[address], "nft", "-f", "-", script=script)
+                assert done.returncode == 0, done.stderr
+            shut = [f"{h}:{p}" for h, p in targets if firewall.reachable(h, p, PROBE_S)]
+            assert not shut, f"the login node still reaches {shut}"
+            # the rules match every packet (no connection state): all of the workers' traffic passed them
+            behind_rules = cluster.run(resilience.train_resumable, str(tmp_path / "shut"), epochs=1)
+    finally:
+        for host in loaded:
+            removed = in_namespace(host, *firewall.nft_delete())
+            assert removed.returncode == 0, removed.stderr
     print(f"SSH: TFCluster ready in {ready_s:.1f} s")
+    np.testing.assert_allclose(with_kit[0]["loss"], with_kit[1]["loss"], rtol=1e-6)
+    np.testing.assert_allclose(behind_rules[0]["loss"], with_kit[0]["loss"], rtol=1e-5)
+    np.testing.assert_allclose(behind_rules[1]["loss"], with_kit[0]["loss"], rtol=1e-5)
+    assert not [h.name for h in sim.hosts if "inet kit" in in_namespace(h, "nft", "list", "tables").stdout]
     wait_until(lambda: not sim.leftovers(), 30, "the engines to end on every host after stop()")

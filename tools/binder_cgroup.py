@@ -30,6 +30,11 @@ after the command (SIGTERM, then SIGKILL after :data:`SERVER_STOP_TIMEOUT`); the
 
     python tools/binder_cgroup.py --with-server --record out/binder-fit.json -- python -m pytest --nbval-lax notebooks/
 
+On mybinder.org the server also starts the kernels. A notebook runner here (nbval) does that instead, so
+inside the group it would count a second kernel manager. ``--kernels-inside`` keeps the command outside and
+puts its kernels inside: it gets a kernelspec :data:`KERNEL_NAME` (this Python's ipykernel, joining the group
+first) in a temporary ``JUPYTER_PATH``, which nbval starts with ``--nbval-kernel-name binder-cgroup``.
+
 The group is always removed: leftover processes are killed and waited for (bounded) and the
 folders deleted, also when the command fails or this tool is interrupted. Without root or without
 cgroup memory and cpu controllers, :func:`unavailable` says what is missing, and ``--if-possible``
@@ -376,26 +381,32 @@ class BinderCgroup:
                 "cpu_throttled_seconds": throttled}
 
     # -- running
-    def popen(self, command: list[str], **kwargs: Any) -> subprocess.Popen:
-        """Start ``command`` inside the group: a shell joins it, then execs the command, so the
-        command and all it starts are inside from their first instruction."""
+    def joining(self, command: list[str]) -> tuple[list[str], dict[str, str]]:
+        """``command`` as a shell that joins the group, then execs it, so that the command and all it starts
+        are inside from their first instruction; and the environment variable that shell reads."""
         procs_files = "\n".join(str(d / "cgroup.procs") for d in dict.fromkeys(self.dirs.values()))
         join = ("IFS='\n'; for f in $KIT_BINDER_CGROUP_PROCS; do "
                 'echo $$ > "$f" || { echo "cannot join the cgroup: $f" >&2; exit %d; }; done; '
                 'unset IFS KIT_BINDER_CGROUP_PROCS; exec "$@"' % SETUP_FAILED)
-        env = {**(kwargs.pop("env", None) or os.environ), "KIT_BINDER_CGROUP_PROCS": procs_files}
-        return subprocess.Popen(["/bin/sh", "-c", join, "binder-cgroup", *command], env=env, **kwargs)
+        return ["/bin/sh", "-c", join, "binder-cgroup", *command], {"KIT_BINDER_CGROUP_PROCS": procs_files}
 
-    def start(self, command: list[str], **kwargs: Any) -> "Watched":
+    def popen(self, command: list[str], **kwargs: Any) -> subprocess.Popen:
+        """Start ``command`` inside the group (:meth:`joining`)."""
+        argv, env = self.joining(command)
+        return subprocess.Popen(argv, env={**(kwargs.pop("env", None) or os.environ), **env}, **kwargs)
+
+    def start(self, command: list[str], inside: bool = True, **kwargs: Any) -> "Watched":
         """Start ``command`` in the group (:meth:`popen`) and sample the group until :meth:`Watched.record`.
+        ``inside=False``: the command itself stays outside (a notebook runner whose kernels join the group
+        through :func:`write_kernelspec`).
 
         For a process that a test stops itself (a Jupyter server, say); :meth:`run` waits for one.
         """
-        process = self.popen(command, **kwargs)
+        process = self.popen(command, **kwargs) if inside else subprocess.Popen(command, **kwargs)
         return Watched(self, command, process)
 
     def run(self, command: list[str], timeout: float | None = None, server: "JupyterServer | None" = None,
-            **kwargs: Any) -> dict[str, Any]:
+            inside: bool = True, **kwargs: Any) -> dict[str, Any]:
         """Run ``command`` in the group until it ends (or ``timeout`` s: then it is killed and
         :class:`subprocess.TimeoutExpired` raised); return the record (see :meth:`Watched.record`).
 
@@ -405,7 +416,7 @@ class BinderCgroup:
         if server is not None:
             server.start()  # a ServerError leaves nothing behind: the server is stopped, its folder gone
         try:
-            watched = self.start(command, **kwargs)
+            watched = self.start(command, inside=inside, **kwargs)
             try:
                 watched.process.wait(timeout=timeout)
                 watched.ended = time.monotonic()
@@ -419,6 +430,7 @@ class BinderCgroup:
                 server.stop()
         record = watched.record()
         record["jupyter_server"] = server.describe(record) if server is not None else None
+        record["command_inside"] = inside
         return record
 
     def describe(self) -> dict[str, Any]:
@@ -701,6 +713,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--with-server", action="store_true",
                         help="start a Jupyter server (jupyter lab) inside the group before the command and stop "
                              "it after, as on mybinder.org; its log goes next to --record (.server.log)")
+    parser.add_argument("--kernels-inside", action="store_true",
+                        help=f"run the command (a notebook runner: nbval) outside the group and only the notebook "
+                             f"kernels it starts inside: it gets a kernelspec named {KERNEL_NAME} (pass "
+                             f"--nbval-kernel-name {KERNEL_NAME}). On mybinder.org the Jupyter server starts the "
+                             f"kernels; a runner inside the group as well would count twice")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -714,7 +731,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"binder-cgroup: running without the Binder-sized cgroup ({_size(args.memory_gib, args.cpus)}): "
               f"{reason}", file=sys.stderr)
         started = time.monotonic()
-        returncode = subprocess.call(command)
+        with tempfile.TemporaryDirectory(prefix="kit-binder-kernels-") as folder:
+            env = {**os.environ, **write_kernelspec(Path(folder), None)} if args.kernels_inside else None
+            returncode = subprocess.call(command, env=env)
         _write_record(args.record, {"in_cgroup": False, "reason": reason, "command": command,
                                     "returncode": returncode, "wall_seconds": round(time.monotonic() - started, 1)})
         return returncode
@@ -726,10 +745,12 @@ def main(argv: list[str] | None = None) -> int:
             log = args.record.with_suffix(".server.log") if args.record else None
             server = JupyterServer(group, log=log)
         print(f"binder-cgroup: running in cgroup v{group.layout.version} {group.name}: "
-              f"{_size(args.memory_gib, args.cpus)}" + (", with a Jupyter server inside" if server else ""),
-              file=sys.stderr)
+              f"{_size(args.memory_gib, args.cpus)}" + (", with a Jupyter server inside" if server else "")
+              + (", the command outside and its kernels inside" if args.kernels_inside else ""), file=sys.stderr)
         try:
-            record = group.run(command, server=server)
+            with tempfile.TemporaryDirectory(prefix="kit-binder-kernels-") as folder:
+                env = {**os.environ, **write_kernelspec(Path(folder), group)} if args.kernels_inside else None
+                record = group.run(command, server=server, inside=not args.kernels_inside, env=env)
         except ServerError as error:
             print(f"binder-cgroup: {error}", file=sys.stderr)
             return SETUP_FAILED
@@ -743,6 +764,23 @@ def main(argv: list[str] | None = None) -> int:
              f"resident at start, {(served['peak_rss_bytes'] or 0) / 2**20:.0f} MiB at most" if served else ""),
           file=sys.stderr)
     return record["returncode"]
+
+
+#: The kernel name ``--kernels-inside`` gives the command (nbval: ``--nbval-kernel-name binder-cgroup``).
+KERNEL_NAME = "binder-cgroup"
+
+
+def write_kernelspec(folder: Path, group: BinderCgroup | None) -> dict[str, str]:
+    """A Jupyter kernelspec :data:`KERNEL_NAME` in ``folder``: this Python's ipykernel, which joins ``group``
+    first (:meth:`BinderCgroup.joining`; as it is without a group). Returns the environment that lets Jupyter
+    find it (``JUPYTER_PATH``)."""
+    argv, env = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], {}
+    if group is not None:
+        argv, env = group.joining(argv)
+    spec = {"argv": argv, "env": env, "language": "python", "display_name": "Python 3 (Binder-sized cgroup)"}
+    (folder / "kernels" / KERNEL_NAME).mkdir(parents=True)
+    (folder / "kernels" / KERNEL_NAME / "kernel.json").write_text(json.dumps(spec, indent=1))
+    return {"JUPYTER_PATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("JUPYTER_PATH")]))}
 
 
 def _cpus(text: str) -> float | None:

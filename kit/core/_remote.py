@@ -28,6 +28,7 @@ def report() -> dict[str, Any]:
         "task": this_task(),  # "local" on an engine the kit did not start, until set_environment
         "pid": os.getpid(),
         "hostname": socket.gethostname(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),  # the job it runs in, on Slurm (kit.core.attach)
         "tf_config": os.environ.get("TF_CONFIG"),
         "legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS"),
         "tensorflow_imported": "tensorflow" in sys.modules,

@@ -106,7 +106,7 @@ class ForeignEngines(Engines):
             detail = ", ".join(f"engine {i} on {r['hostname']}: {r['tensorflow_version']}" for i, r in reports.items())
             raise ClusterError(f"the engines have different TensorFlow versions ({detail}). Fix: install "
                                "the same tensorflow on every engine host (see pyproject.toml)")
-        chosen = dict(zip(names, spread_over_hosts(reports)))
+        chosen = assign_tasks(names, reports, {name: self._job_ids().get(engine_set_id(name)) for name in names})
         self.engine_ids = chosen
         given = self.client[list(chosen.values())].apply_async(_remote.own_tmpdir)  # what a SIGKILL leaves goes too
         if not given.wait(TMPDIR_TIMEOUT_S):
@@ -308,6 +308,19 @@ def _squeue(jobs: list[str]) -> dict[str, tuple[str, str]] | None:
         return None
     rows = (line.split(None, 2) + ["", ""] for line in shown.stdout.splitlines() if line.strip())
     return {job: (state, reason.strip()) for job, state, reason, *_ in rows}
+
+
+def assign_tasks(names: list[str], reports: dict[int, dict], jobs: dict[str, str | None]) -> dict[str, int]:
+    """Task → engine id. A task whose engine set is a Slurm job (``jobs``: task → job id, None if not) gets the
+    engine that runs in that job (the job id its report gives), since the job's state says whether the task
+    lives (:meth:`ForeignEngines.alive`): given by registration order instead, a task's engine sat in the other
+    task's job in some runs, and a ``scancel`` of one task's job was taken for the loss of the other. Otherwise the
+    engines are spread over the hosts (:func:`spread_over_hosts`)."""
+    in_job = {report.get("slurm_job_id"): engine_id for engine_id, report in reports.items()
+              if report.get("slurm_job_id")}
+    if names and all(jobs.get(name) in in_job for name in names):
+        return {name: in_job[jobs[name]] for name in names}
+    return dict(zip(names, spread_over_hosts(reports)))
 
 
 def spread_over_hosts(reports: dict[int, dict]) -> list[int]:

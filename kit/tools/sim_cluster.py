@@ -40,7 +40,7 @@ from pathlib import Path
 import psutil
 
 from .sim_config import SLURM_CONF, SSH_CLIENT, SSHD_CONFIG
-from .sim_state import (DAEMON_TIMEOUT_S, NETNS_ETC, STOP_TIMEOUT_S, Host, SimClusterError, State, namespace_pids,
+from .sim_state import (DAEMON_TIMEOUT_S, NETNS_ETC, PREFIX, STOP_TIMEOUT_S, Host, SimClusterError, State, namespace_pids,
                         run_command, teardown, wait_for)
 
 #: The programs the emulated cluster needs, and the Debian package of each.
@@ -191,7 +191,7 @@ class SimCluster:
         os.chmod(root, 0o755)   # munged refuses a socket folder that others may write to
         tag = uuid.uuid4().hex[:5]
         subnet = _subnet()
-        self.state = State(root=str(root), bridge=f"ksim{tag}", controller_ip=f"{subnet}.1")
+        self.state = State(root=str(root), bridge=f"{PREFIX}{tag}", controller_ip=f"{subnet}.1")
         self.state.save()
         try:
             self._network(tag, subnet)
@@ -213,8 +213,8 @@ class SimCluster:
         run_command("ip", "addr", "add", f"{state.controller_ip}/24", "dev", state.bridge, what="address the bridge")
         run_command("ip", "link", "set", state.bridge, "up", what="bring the bridge up")
         for number in range(1, self.n_hosts + 1):
-            host = Host(name=f"h{number}", address=f"{subnet}.{number + 1}", namespace=f"ksim{tag}h{number}")
-            outside, inside = f"ksim{tag}v{number}", f"ksim{tag}p{number}"
+            host = Host(name=f"h{number}", address=f"{subnet}.{number + 1}", namespace=f"{PREFIX}{tag}h{number}")
+            outside, inside = f"{PREFIX}{tag}v{number}", f"{PREFIX}{tag}p{number}"
             run_command("ip", "netns", "add", host.namespace, what=f"make the namespace of {host.name}")
             state.hosts.append(host)
             state.links.append(outside)

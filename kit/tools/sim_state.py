@@ -23,6 +23,8 @@ from ..core.errors import KitError
 DAEMON_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 NETNS_ETC = "/etc/netns"
+#: What every name of an emulated cluster (bridge, links, host namespaces) starts with.
+PREFIX = "ksim"
 
 
 class SimClusterError(KitError):
@@ -93,6 +95,13 @@ def wait_for(condition, timeout: float, what: str, detail=lambda: "") -> None:
             raise SimClusterError(f"waited {timeout:.0f} s for {what}{detail()}")
         time.sleep(delay)   # polling a daemon's state: there is nothing to block on
         delay = min(delay * 1.5, 0.5)
+
+
+def emulated_namespaces() -> list[str]:
+    """The network namespaces of emulated clusters on this machine (``ip netns`` keeps each as a file under
+    /run/netns), not the others that come and go meanwhile (the kit's private networks, test hosts)."""
+    folder = Path("/run/netns")
+    return sorted(n for n in os.listdir(folder) if n.startswith(PREFIX)) if folder.is_dir() else []
 
 
 def namespace_pids(namespace: str) -> list[int]:
