@@ -95,19 +95,29 @@ def test_each_engine_has_its_tf_config_and_environment_before_tensorflow(two_wor
 
 
 @pytest.mark.slow  # the shared cluster (2.8 s to start)
-def test_a_start_up_round_asks_every_engine_at_once_and_names_the_one_that_is_late(two_workers):
+def test_a_start_up_round_asks_every_engine_at_once_and_names_the_one_that_is_late(two_workers, tmp_path):
     def answer(seconds):
         import os
         import time
         time.sleep(seconds)
         return os.environ["KIT_TASK"]
 
+    def meet(folder, names):
+        """Mark this task's arrival, then wait (bounded) for every task's: only tasks asked at once all meet."""
+        import os
+        import time
+        open(os.path.join(folder, os.environ["KIT_TASK"]), "w").close()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(os.path.exists(os.path.join(folder, n)) for n in names):
+            time.sleep(0.05)
+        return sorted(n for n in names if os.path.exists(os.path.join(folder, n)))
+
     ids = {t.name: t.engine_id for t in two_workers.tasks}
     client = two_workers.engines.client
-    started = time.monotonic()
-    assert roles.on_each(client, ids, answer, {"worker:0": (0.6,), "worker:1": (0.6,)}) == \
-        {"worker:0": "worker:0", "worker:1": "worker:1"}
-    assert time.monotonic() - started < 1.1  # both at once, not one after the other
+    names = sorted(ids)
+    # Asked one after another, the first task would wait alone and see only itself.
+    assert roles.on_each(client, ids, meet, {n: (str(tmp_path), names) for n in names}, timeout=60) == \
+        {n: names for n in names}
     with pytest.raises(ClusterError) as info:
         roles.on_each(client, ids, answer, {"worker:0": (0.0,), "worker:1": (1.5,)}, timeout=0.5)
     assert info.value.tasks == ["worker:1"] and "answer" in str(info.value) and "0.5s" in str(info.value)

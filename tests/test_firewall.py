@@ -152,4 +152,4 @@ def test_reachable_is_a_bounded_connect():
         assert firewall.reachable("127.0.0.1", port, 1.0)  # queued, never accepted
         started = time.monotonic()
         assert not firewall.reachable("127.0.0.1", port, 0.3)
-        assert 0.25 < time.monotonic() - started < 1.0
+        assert 0.25 < time.monotonic() - started < 5  # its own timeout, not the kernel's minutes of SYN retries
