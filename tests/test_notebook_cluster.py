@@ -114,8 +114,11 @@ def test_without_the_cluster_the_notebook_shows_the_saved_run(tmp_path):
     assert text.startswith(f"saved: every step shows the run of {saved['made']} ({saved['machine']})"), text[:300]
     assert not seen, f"the notebook started a cluster without being live: {sorted(seen)}"
     checks = check_cells(notebook)
-    assert len(checks) >= 7 and all("checked:" in "".join(o.get("text", "")) for c in checks for o in c["outputs"]
-                                    if o.get("output_type") == "stream"), "a check cell printed no confirmation"
+    # one print can arrive as two stream outputs ("checked: ..." and "\n") when the kernel flushes between its
+    # writes, as it did beside a busy loop: a cell's streams are read together, as JupyterLab shows them
+    shown_by = {n: printed({"cells": [c]}) for n, c in enumerate(checks)}
+    unconfirmed = {n: text for n, text in shown_by.items() if not text.startswith("checked:")}
+    assert len(checks) >= 7 and not unconfirmed, f"a check cell printed no confirmation: {unconfirmed}"
     assert str(saved["slurm hostnames"]) in text and saved["squeue"][1] in text  # the saved values, shown
     assert not re.search(r"^\[worker:\d\]", text, re.M), "a task printed: something ran on a cluster"
 
