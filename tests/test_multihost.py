@@ -187,3 +187,48 @@ def test_a_task_whose_set_is_a_slurm_job_gets_the_engine_in_that_job():
         {"worker:0": 0, "worker:1": 1}
     assert assign_tasks(["worker:0", "worker:1"], reports, {"worker:0": "7", "worker:1": "9"}) == \
         {"worker:0": 0, "worker:1": 1}
+
+
+# An engine from elsewhere in its own TMPDIR (kit.core._remote.own_tmpdir), signalled as scancel signals it: SIGTERM,
+# then SIGKILL after KillWait. The previous handler ends the process without exit handlers (os._exit), as that
+# SIGKILL does, so only the kit's SIGTERM handler can have removed the folder.
+SIGNALLED_ENGINE = """
+import os, signal, sys
+from kit.core import _remote
+os.environ[_remote.HOST_TMP_VAR] = sys.argv[1]
+signal.signal(signal.SIGTERM, lambda *_: os._exit(7))      # ipyparallel's handler, cut short by SIGKILL
+mine = _remote.own_tmpdir()
+open(os.path.join(mine, "__autograph_generated_file1.py"), "w").close()
+def busy():                      # a function of the lesson, running when the signal comes
+    os.kill(os.getpid(), signal.SIGTERM)
+    while True:
+        pass
+if sys.argv[2] == "busy":
+    _remote.call_with_sources({}, busy)
+else:
+    print("idle", flush=True)
+    signal.pause()               # idle, as an engine in its event loop
+"""
+
+
+@pytest.mark.parametrize("state", ["idle", "busy"])
+def test_sigterm_removes_an_idle_engines_own_tmpdir_and_keeps_a_busy_ones(tmp_path, state):
+    from kit.core import _remote
+
+    engine = subprocess.Popen([sys.executable, "-c", SIGNALLED_ENGINE, str(tmp_path), state],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if state == "idle":
+            assert engine.stdout.readline() == "idle\n", engine.stderr.read()
+            engine.terminate()
+        _, stderr = engine.communicate(timeout=60)
+    finally:
+        engine.kill()
+    assert engine.returncode == 7, stderr  # the previous handler still ended it
+    left = [p.name for p in tmp_path.iterdir()]
+    if state == "idle":
+        assert left == [], f"an idle engine's folder outlived SIGTERM: {left}"
+    else:  # still in use by the running function: the next engine on the host removes it (its process is gone)
+        assert len(left) == 1 and left[0].startswith(_remote.OWN_TMP_PREFIX), left
+        _remote._remove_dead_engines_tmpdirs(str(tmp_path))
+        assert not list(tmp_path.iterdir())

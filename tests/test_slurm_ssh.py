@@ -53,9 +53,12 @@ def sim():
 
 
 def temporary_leftovers() -> list[str]:
-    """What an engine can leave in the hosts' temporary folder (they share this machine's /tmp)."""
+    """What an engine can leave in the hosts' temporary folder: they share this machine's /tmp, where SSH
+    sessions' engines write (sshd passes no TMPDIR), and Slurm's jobs get this process's TMPDIR (sbatch exports
+    the environment; under pytest-xdist a folder of the worker's own, tests/conftest.py)."""
     import tempfile
-    return [name for name in os.listdir(tempfile.gettempdir())
+    folders = sorted({tempfile.gettempdir(), "/tmp"})
+    return [os.path.join(folder, name) for folder in folders for name in os.listdir(folder)
             if name.startswith(("__autograph_generated_file", "kit-engine-"))]
 
 

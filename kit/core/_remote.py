@@ -107,13 +107,47 @@ def own_tmpdir() -> str:
     os.environ["TMPDIR"] = mine
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
     atexit.register(shutil.rmtree, mine, True)
+    _remove_on_sigterm_when_idle(mine)
     return mine
+
+
+#: How many calls of :func:`call_with_sources` run on this engine now (0: idle).
+_RUNNING = 0
+
+
+def _remove_on_sigterm_when_idle(folder: str) -> None:
+    """On SIGTERM, remove ``folder`` at once if the engine is idle, then end as before (ipyparallel's handler).
+
+    ``scancel`` or a job's time limit sends SIGTERM and, after Slurm's KillWait, SIGKILL. An idle engine gets
+    the signal in its event loop, but its exit handlers come last and slowly: beside a busy loop, a cancelled
+    idle engine's folder stayed in 1 of 2 runs (tests/test_slurm_ssh.py). A busy engine keeps its folder: it
+    runs on until its function returns (ipyparallel stops its loop after it), and the next engine on its host
+    removes it."""
+    import shutil
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set a handler (ipyparallel runs calls there)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN or previous is None:
+        return  # an engine that ignores SIGTERM lives on: its folder stays in use
+
+    def on_sigterm(signum, frame):
+        if not _RUNNING:
+            shutil.rmtree(folder, ignore_errors=True)
+        if callable(previous):
+            previous(signum, frame)
+        else:  # SIG_DFL: end as the signal would have
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def remove_own_tmpdir() -> None:
     """Remove this engine's own TMPDIR (:func:`own_tmpdir`), just before the kit ends it with SIGKILL, and those
-    of this host's engines that are gone meanwhile (e.g. a job cancelled while its engine was idle: SIGTERM
-    ends it without its exit handlers, and no engine may start on this host again)."""
+    of this host's engines that are gone meanwhile (e.g. one SIGKILLed by Slurm while busy, when no engine may
+    start on this host again)."""
     import shutil
 
     if os.environ.get(HOST_TMP_VAR) and os.path.basename(os.environ.get("TMPDIR", "")).startswith(OWN_TMP_PREFIX):
@@ -223,8 +257,13 @@ def call_with_sources(sources: dict[str, tuple], fn, *args: Any, **kwargs: Any) 
     """
     import linecache
 
+    global _RUNNING
     linecache.cache.update(sources)
-    return fn(*args, **kwargs)
+    _RUNNING += 1
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _RUNNING -= 1
 
 
 def _version(package: str) -> str | None:

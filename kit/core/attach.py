@@ -241,15 +241,21 @@ class ForeignEngines(Engines):
     def _remove_tmpdirs(self) -> None:
         """Ask the live, idle engines of this cluster to remove their own TMPDIR before they are killed (one
         bounded round; a dead or busy engine's folder goes when the next engine starts on its host)."""
-        live = [i for i in self.engine_ids.values() if self.client is not None and i in self.client.ids]
+        # a task known lost (its Slurm job ended) is skipped: its engine may still look registered, and the
+        # round would wait out its bound for it (10 s after a plain scancel in tests/test_slurm_ssh.py)
+        live = [i for name, i in self.engine_ids.items()
+                if self.client is not None and i in self.client.ids and self.alive(name)]
         if live:  # only idle ones: a survivor of a lost task may hang in a collective (it waited out the bound)
             status = self.client.queue_status(targets=live)
             live = [i for i in live if not status.get(i, {}).get("queue") and not status.get(i, {}).get("tasks")]
         if not live:
             return
-        result = self.client[live].apply_async(_remote.remove_own_tmpdir)
-        if not result.wait(TMPDIR_TIMEOUT_S):
-            log.warning("engines %s did not remove their temporary folders within %s s", live, TMPDIR_TIMEOUT_S)
+        started = time.monotonic()
+        pending = {i: self.client[i].apply_async(_remote.remove_own_tmpdir) for i in live}
+        late = [i for i, result in pending.items()
+                if not result.wait(max(0.0, started + TMPDIR_TIMEOUT_S - time.monotonic()))]
+        if late:
+            log.warning("engines %s did not remove their temporary folders within %s s", late, TMPDIR_TIMEOUT_S)
 
     def _queued_jobs(self) -> str:
         """The Slurm jobs of the engine sets this cluster submitted, with each one's state and Slurm's reason
