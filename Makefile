@@ -96,9 +96,11 @@ BINDER_ONE_CPU := notebooks/07-parameter-server.ipynb
 # (the emulated cluster), which do not belong in a memory-limited cgroup; tests/test_notebook_cluster.py runs
 # it, live and from its saved run (its metadata kit.not_on_binder; tests/test_notebook_cluster.py checks both lists).
 NOT_ON_BINDER := --ignore=notebooks/11-your-own-cluster.ipynb
-NBVAL := $(BIN)/python -m pytest --nbval-lax --nbval-kernel-name binder-cgroup --nbval-cell-timeout=300 -p no:cacheprovider \
-	--ignore=notebooks/out --ignore=notebooks/00-tf-config-and-clusters.ipynb \
-	--ignore=notebooks/01-single-vs-multi-worker.ipynb --ignore=notebooks/05-fault-tolerance.ipynb $(NOT_ON_BINDER)
+# nbval on every notebook but NOT_ON_BINDER, its kernels started from tools/binder_cgroup.py's kernelspec
+NBVAL_ALL := $(BIN)/python -m pytest --nbval-lax --nbval-kernel-name binder-cgroup --nbval-cell-timeout=300 \
+	-p no:cacheprovider --ignore=notebooks/out $(NOT_ON_BINDER)
+NBVAL := $(NBVAL_ALL) --ignore=notebooks/00-tf-config-and-clusters.ipynb \
+	--ignore=notebooks/01-single-vs-multi-worker.ipynb --ignore=notebooks/05-fault-tolerance.ipynb
 IN_BINDER := KIT_VIEW=text $(BIN)/python tools/binder_cgroup.py --if-possible --with-server --kernels-inside
 notebooks: $(STAMP) netns-tools
 	rm -f out/binder-fit-*.json out/binder-fit-*.xml out/binder-fit-*.server.log out/binder-fit-*.log
@@ -116,9 +118,7 @@ notebooks: $(STAMP) netns-tools
 # server inside, then the same check
 binder: $(STAMP)  ## every notebook inside Binder's limits, as root -> out/binder.json, out/binder.xml
 	rm -f out/binder.json out/binder.xml out/binder.server.log
-	$(IN_BINDER) --cpus 1 --record out/binder.json -- \
-	  $(BIN)/python -m pytest --nbval-lax --nbval-kernel-name binder-cgroup --nbval-cell-timeout=300 -p no:cacheprovider \
-	  --ignore=notebooks/out $(NOT_ON_BINDER) --junitxml=out/binder.xml notebooks/; a=$$?; \
+	$(IN_BINDER) --cpus 1 --record out/binder.json -- $(NBVAL_ALL) --junitxml=out/binder.xml notebooks/; a=$$?; \
 	KIT_BINDER_RECORD=out/binder.json $(BIN)/python -m pytest -q -rsP -p no:cacheprovider \
 	  tests/test_binder_fit.py::test_the_notebook_run_fit_in_binder_limits; c=$$?; \
 	test $$a$$c = 00

@@ -77,9 +77,10 @@ def test_the_makefile_leaves_out_of_nbval_exactly_the_notebooks_not_on_binder():
               if json.loads(p.read_text())["metadata"].get("kit", {}).get("not_on_binder")]
     assert f"--ignore=notebooks/{NOTEBOOK.name}" in marked
     assert sorted(found.group(1).split()) == sorted(marked), "NOT_ON_BINDER and the notebooks' metadata disagree"
+    every = text[text.index("NBVAL_ALL :="):text.index("NBVAL :=")]
     nbval = text[text.index("NBVAL :="):text.index("IN_BINDER :=")]
     binder = text[text.index("\nbinder:"):text.index("\nlab:")]
-    assert "$(NOT_ON_BINDER)" in nbval and "$(NOT_ON_BINDER)" in binder
+    assert "$(NOT_ON_BINDER)" in every and "$(NBVAL_ALL)" in nbval and "$(NBVAL_ALL)" in binder
 
 
 def test_the_saved_run_is_committed_and_consistent():

@@ -44,6 +44,7 @@ runs the command without limits instead (the record says why).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -731,8 +732,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"binder-cgroup: running without the Binder-sized cgroup ({_size(args.memory_gib, args.cpus)}): "
               f"{reason}", file=sys.stderr)
         started = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="kit-binder-kernels-") as folder:
-            env = {**os.environ, **write_kernelspec(Path(folder), None)} if args.kernels_inside else None
+        with kernels_environment(args.kernels_inside, None) as env:
             returncode = subprocess.call(command, env=env)
         _write_record(args.record, {"in_cgroup": False, "reason": reason, "command": command,
                                     "returncode": returncode, "wall_seconds": round(time.monotonic() - started, 1)})
@@ -748,8 +748,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{_size(args.memory_gib, args.cpus)}" + (", with a Jupyter server inside" if server else "")
               + (", the command outside and its kernels inside" if args.kernels_inside else ""), file=sys.stderr)
         try:
-            with tempfile.TemporaryDirectory(prefix="kit-binder-kernels-") as folder:
-                env = {**os.environ, **write_kernelspec(Path(folder), group)} if args.kernels_inside else None
+            with kernels_environment(args.kernels_inside, group) as env:
                 record = group.run(command, server=server, inside=not args.kernels_inside, env=env)
         except ServerError as error:
             print(f"binder-cgroup: {error}", file=sys.stderr)
@@ -768,6 +767,17 @@ def main(argv: list[str] | None = None) -> int:
 
 #: The kernel name ``--kernels-inside`` gives the command (nbval: ``--nbval-kernel-name binder-cgroup``).
 KERNEL_NAME = "binder-cgroup"
+
+
+@contextlib.contextmanager
+def kernels_environment(kernels_inside: bool, group: BinderCgroup | None):
+    """The command's environment: with ``--kernels-inside``, this one plus a temporary ``JUPYTER_PATH`` holding
+    the kernelspec of :func:`write_kernelspec` (removed afterwards); else None (the command inherits ours)."""
+    if not kernels_inside:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="kit-binder-kernels-") as folder:
+        yield {**os.environ, **write_kernelspec(Path(folder), group)}
 
 
 def write_kernelspec(folder: Path, group: BinderCgroup | None) -> dict[str, str]:
