@@ -46,11 +46,14 @@ CLUSTER_FIXTURES = ("make_cluster", "two_workers")
 SIM_MODULES = ("test_slurm_ssh", "test_notebook_cluster", "test_bench", "test_sim_lifeline")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark ``slow`` every test that starts a cluster through a fixture, also one written without the mark.
 
     And the group of each test for pytest-xdist's ``--dist loadgroup``: its module (a module-scoped cluster is
-    then started once, and a module's tests keep their order), the emulated-cluster modules all in one."""
+    then started once, and a module's tests keep their order), the emulated-cluster modules all in one.
+    ``tryfirst``: xdist's worker reads the groups in its own hook of this name, which otherwise ran first and
+    found no group (each test went to either worker: two emulated clusters at once, a module's cluster twice)."""
     for item in items:
         if not item.get_closest_marker("slow") and set(CLUSTER_FIXTURES) & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

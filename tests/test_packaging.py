@@ -74,6 +74,25 @@ def test_a_hung_test_fails_within_its_time_bound(tmp_path):
     assert result.returncode == 1 and "Timeout" in result.stdout and "test_hangs" in result.stdout, result.stdout
 
 
+@pytest.mark.slow  # a pytest run in two xdist workers: ~5 s
+def test_make_unit_runs_each_module_on_one_xdist_worker():
+    """make unit's ``-n 2 --dist loadgroup`` keeps a module together (tests/conftest.py gives the groups): its
+    module-scoped cluster starts once and its tests keep their order; the emulated-cluster modules share one."""
+    unit = re.search(r"^unit:.*\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), re.M).group(1)
+    assert "-n 2 --dist loadgroup" in unit, unit
+    modules = ["tests/test_firewall.py", "tests/test_outcomes.py", "tests/test_sim_lifeline.py"]
+    result = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "2", "--dist",
+                             "loadgroup", "-m", "not slow", *modules], capture_output=True, text=True, timeout=300,
+                            cwd=REPO, env={**os.environ, "COLUMNS": "1000"})
+    ran = re.findall(r"^\[(gw\d)\] .*?(?:PASSED|SKIPPED) (tests/(\w+)\.py::.*?)\s*$", result.stdout, re.M)
+    assert result.returncode == 0 and len(ran) > 10, result.stdout[-3000:]
+    groups = {"test_sim_lifeline": "sim"}
+    for worker, nodeid, module in ran:
+        assert nodeid.endswith(f"@{groups.get(module, module)}"), f"{nodeid}: no xdist group"
+    workers = {module: {w for w, _, m in ran if m == module} for _, _, module in ran}
+    assert all(len(w) == 1 for w in workers.values()), f"a module ran on both workers: {workers}"
+
+
 # --- the package: license, package data, and a non-editable install used from another directory ---
 
 def build_config():
