@@ -243,8 +243,9 @@ class ForeignEngines(Engines):
         bounded round; a dead or busy engine's folder goes when the next engine starts on its host)."""
         # a task known lost (its Slurm job ended) is skipped: its engine may still look registered, and the
         # round would wait out its bound for it (10 s after a plain scancel in tests/test_slurm_ssh.py)
-        live = [i for name, i in self.engine_ids.items()
-                if self.client is not None and i in self.client.ids and self.alive(name)]
+        if self.client is None:
+            return
+        live = [i for name, i in self.engine_ids.items() if i in self.client.ids and self.alive(name)]
         if live:  # only idle ones: a survivor of a lost task may hang in a collective (it waited out the bound)
             status = self.client.queue_status(targets=live)
             live = [i for i in live if not status.get(i, {}).get("queue") and not status.get(i, {}).get("tasks")]

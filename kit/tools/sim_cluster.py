@@ -40,8 +40,8 @@ from pathlib import Path
 import psutil
 
 from .sim_config import SLURM_CONF, SSH_CLIENT, SSHD_CONFIG
-from .sim_state import (DAEMON_TIMEOUT_S, NETNS_ETC, PREFIX, STOP_TIMEOUT_S, Host, SimClusterError, State, namespace_pids,
-                        run_command, teardown, wait_for)
+from .sim_state import (DAEMON_TIMEOUT_S, NETNS_ETC, PREFIX, STOP_TIMEOUT_S, Host, SimClusterError, State,
+                        namespace_pids, run_command, teardown, wait_for)
 
 #: The programs the emulated cluster needs, and the Debian package of each.
 PROGRAMS = {"ip": "iproute2", "unshare": "util-linux", "nsenter": "util-linux", "munged": "munge",
