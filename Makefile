@@ -39,7 +39,15 @@ chromium:
 demo: $(STAMP)  ## train the seeds' MNIST example on 1 and on 2 workers; writes out/
 	$(BIN)/kit demo --out out
 
-test: unit notebooks  ## unit tests, then every notebook under nbval
+# the notebooks beside the unit tests, their log printed after them: one after the other left the 2 cores idle
+# about a quarter of the unit tests' time (they wait for engines, queues, SSH logins), and took 20:28 of the
+# 20 minutes (docs/performance.md, change 22)
+test: $(STAMP) chromium netns-tools cluster-tools  ## unit tests beside every notebook under nbval
+	@mkdir -p out; echo "make notebooks runs beside the unit tests; its log (out/notebooks.log) follows them"
+	@$(MAKE) --no-print-directory notebooks >out/notebooks.log 2>&1 & nb=$$!; \
+	$(MAKE) --no-print-directory unit; u=$$?; \
+	wait $$nb; n=$$?; echo "---- make notebooks (out/notebooks.log)"; cat out/notebooks.log; \
+	echo "make unit: exit $$u; make notebooks: exit $$n"; test $$u$$n = 00
 
 # `ip`, `tc` (iproute2) and `nsenter` (util-linux) for the private network and the emulated links
 # (tests/test_links.py, notebook 10): installed with apt-get as root when `tc` is missing.

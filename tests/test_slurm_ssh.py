@@ -8,10 +8,12 @@ prerequisite fails instead of skipping).
 
 from __future__ import annotations
 
+import glob
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -56,7 +58,6 @@ def temporary_leftovers() -> list[str]:
     """What an engine can leave in the hosts' temporary folder: they share this machine's /tmp, where SSH
     sessions' engines write (sshd passes no TMPDIR), and Slurm's jobs get this process's TMPDIR (sbatch exports
     the environment; under pytest-xdist a folder of the worker's own, tests/conftest.py)."""
-    import tempfile
     folders = sorted({tempfile.gettempdir(), "/tmp"})
     return [os.path.join(folder, name) for folder in folders for name in os.listdir(folder)
             if name.startswith(("__autograph_generated_file", "kit-engine-"))]
@@ -80,6 +81,12 @@ def slurm_env(sim, monkeypatch):
 def profile(kind: str, sim: SimCluster, folder: Path) -> Path:
     """docs/profiles/<kind> as a user installs it, with the emulated login node's address."""
     return sim.install_profile(kind, folder / f"profile_kit-{kind}")
+
+
+def own_tmpdirs(pid: int) -> list[str]:
+    """The folders :func:`kit.core._remote.own_tmpdir` made for the engine with ``pid`` (SSH sessions' engines
+    write under /tmp; the hosts share this machine's file system)."""
+    return [p for base in {tempfile.gettempdir(), "/tmp"} for p in glob.glob(f"{base}/kit-engine-{pid}-*")]
 
 
 def wait_until(condition, timeout: float, what: str):
@@ -338,6 +345,17 @@ def test_kit_trains_over_ssh_restarts_and_then_behind_the_peer_only_firewall(sim
             assert not shut, f"the login node still reaches {shut}"
             # the rules match every packet (no connection state): all of the workers' traffic passed them
             behind_rules = cluster.run(resilience.train_resumable, str(tmp_path / "shut"), epochs=1)
+
+            # an engine still busy at stop() cannot remove its own folder first (the round asks idle engines
+            # only), and no engine starts on its host after it: the kit removes it over ssh once it is gone
+            busy = cluster.tasks[1]
+            client = engines.connect_client_sync()
+            client[busy.engine_id].apply_async(time.sleep, 300)
+            wait_until(lambda: client.queue_status(targets=[busy.engine_id])[busy.engine_id]["queue"], 10,
+                       f"{busy.name}'s engine to start its call")
+            assert own_tmpdirs(busy.pid), f"{busy.name}'s engine has no folder of its own"
+        client.close()
+        assert not own_tmpdirs(busy.pid), f"{busy.name}'s engine, busy at stop(), left its folder"
     finally:
         for host in loaded:
             removed = in_namespace(host, *firewall.nft_delete())
