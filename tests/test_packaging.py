@@ -93,6 +93,55 @@ def test_make_unit_runs_each_module_on_one_xdist_worker():
     assert all(len(w) == 1 for w in workers.values()), f"a module ran on both workers: {workers}"
 
 
+#: make test's python, standing in for .venv/bin/python
+FAKE_PYTHON = r"""#!/bin/sh
+# stands in for .venv/bin/python: the unit tests wait (bounded) for the notebooks' run to have started
+case "$*" in
+  *tools/binder_cgroup.py*) touch "$FAKE/notebooks-started"; echo "NOTEBOOKS RAN"; exit "${NOTEBOOKS_EXIT:-0}";;
+  *"-m pytest tests "*)
+    i=0; while [ ! -e "$FAKE/notebooks-started" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+    if [ -e "$FAKE/notebooks-started" ]; then echo "UNIT RAN beside the notebooks"; else echo "UNIT RAN alone"; fi
+    exit "${UNIT_EXIT:-0}";;
+esac
+"""
+
+
+def make_test(folder: Path, **exits: str) -> subprocess.CompletedProcess:
+    """`make test` with the project's Makefile in ``folder``, its python (and the tools its targets look for) a
+    stand-in: the recipes' own shell runs, the tests and notebooks do not."""
+    (folder / "patches").mkdir(exist_ok=True)
+    (folder / "tools").mkdir(exist_ok=True)
+    for name in ("pyproject.toml", "tools/horovod_wheel.sh", "patches/horovod-0.28.1-tf2.21.patch"):
+        (folder / name).touch()
+    (folder / "Makefile").write_text((REPO / "Makefile").read_text())
+    bin_ = folder / "venv" / "bin"
+    bin_.mkdir(parents=True, exist_ok=True)
+    tools = {"python": FAKE_PYTHON, **{name: "#!/bin/sh\n" for name in ("tc", "slurmd", "nft")}}  # found: no apt
+    for name, text in tools.items():
+        (bin_ / name).write_text(text)
+        (bin_ / name).chmod(0o755)
+    (folder / "venv" / ".installed").touch()  # newer than the prerequisites above: no install
+    (folder / "notebooks-started").unlink(missing_ok=True)
+    env = {**os.environ, "FAKE": str(folder), "PATH": f"{bin_}:{os.environ['PATH']}", **exits}
+    env.pop("MAKEFLAGS", None)
+    return subprocess.run(["make", "--no-print-directory", "-C", str(folder), f"VENV={folder / 'venv'}",
+                           "CHROMIUM=/bin/sh", "test"], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_make_test_runs_the_notebooks_beside_the_unit_tests_and_fails_if_either_fails(tmp_path):
+    done = make_test(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "UNIT RAN beside the notebooks" in done.stdout
+    unit_at = done.stdout.index("UNIT RAN")
+    assert done.stdout.index("NOTEBOOKS RAN") > unit_at, "the notebooks' log comes after the unit tests' output"
+    assert "make unit: exit 0; make notebooks: exit 0" in done.stdout
+    for exits, said in [({"NOTEBOOKS_EXIT": "1"}, "make unit: exit 0; make notebooks: exit 2"),
+                        ({"UNIT_EXIT": "1"}, "make unit: exit 2; make notebooks: exit 0")]:
+        failed = make_test(tmp_path, **exits)
+        assert failed.returncode != 0 and said in failed.stdout, (exits, failed.stdout + failed.stderr)
+        assert "NOTEBOOKS RAN" in failed.stdout  # the notebooks' log is shown either way
+
+
 # --- the package: license, package data, and a non-editable install used from another directory ---
 
 def build_config():
