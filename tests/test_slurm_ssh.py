@@ -54,12 +54,16 @@ def sim():
     assert not left, f"the engines on the emulated hosts left {len(left)} entries in /tmp, e.g. {left[:3]}"
 
 
+def host_tmp_folders() -> list[str]:
+    """Where the emulated hosts' engines write: /tmp, and this process's temporary folder (see below)."""
+    return sorted({tempfile.gettempdir(), "/tmp"})
+
+
 def temporary_leftovers() -> list[str]:
     """What an engine can leave in the hosts' temporary folder: they share this machine's /tmp, where SSH
     sessions' engines write (sshd passes no TMPDIR), and Slurm's jobs get this process's TMPDIR (sbatch exports
     the environment; under pytest-xdist a folder of the worker's own, tests/conftest.py)."""
-    folders = sorted({tempfile.gettempdir(), "/tmp"})
-    return [os.path.join(folder, name) for folder in folders for name in os.listdir(folder)
+    return [os.path.join(folder, name) for folder in host_tmp_folders() for name in os.listdir(folder)
             if name.startswith(("__autograph_generated_file", "kit-engine-"))]
 
 
@@ -86,7 +90,7 @@ def profile(kind: str, sim: SimCluster, folder: Path) -> Path:
 def own_tmpdirs(pid: int) -> list[str]:
     """The folders :func:`kit.core._remote.own_tmpdir` made for the engine with ``pid`` (SSH sessions' engines
     write under /tmp; the hosts share this machine's file system)."""
-    return [p for base in {tempfile.gettempdir(), "/tmp"} for p in glob.glob(f"{base}/kit-engine-{pid}-*")]
+    return [p for base in host_tmp_folders() for p in glob.glob(f"{base}/kit-engine-{pid}-*")]
 
 
 def wait_until(condition, timeout: float, what: str):

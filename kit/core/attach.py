@@ -237,7 +237,7 @@ class ForeignEngines(Engines):
         jobs = list(self._job_ids().values())
         commands = [["scancel", *jobs]] if jobs else []
         for set_id in self.owned_sets:
-            for launcher in getattr(self.ipp.engines.get(set_id), "launchers", {}).values():
+            for launcher in self._set_launchers(set_id):
                 if isinstance(launcher, SSHLauncher) and launcher.pid:
                     commands.append([*launcher.ssh_cmd, *launcher.ssh_args, launcher.location,
                                      f"kill -9 {launcher.pid}"])
@@ -283,22 +283,25 @@ class ForeignEngines(Engines):
         self.retired_ids.update(self.client.ids if self.client is not None else [])
         self._remove_tmpdirs()
         for set_id in self.owned_sets:
-            for launcher in list(getattr(self.ipp.engines.get(set_id), "launchers", {}).values()):
+            for launcher in self._set_launchers(set_id):
                 try:
                     launcher.signal(signals.SIGKILL)
                 except psutil.NoSuchProcess:
                     continue  # already dead: typically the task whose failure led here
                 except subprocess.CalledProcessError as error:  # the SSH launcher's remote kill found no process
                     log.info("SIGKILL to engine %s on its host failed (already gone?): %s", launcher, error)
-            _until_ssh_engines_ended(getattr(self.ipp.engines.get(set_id), "launchers", {}).values())
+            _until_ssh_engines_ended(self._set_launchers(set_id))
             self.ipp.stop_engines_sync(set_id)
         _remove_ended_engines_tmpdirs(self.ssh_tmpdirs)
         self.ssh_tmpdirs = []
 
     def _launchers(self) -> list:
         """The launchers of the engine sets this cluster started, one per engine."""
-        return [launcher for set_id in self.owned_sets
-                for launcher in getattr(self.ipp.engines.get(set_id), "launchers", {}).values()]
+        return [launcher for set_id in self.owned_sets for launcher in self._set_launchers(set_id)]
+
+    def _set_launchers(self, set_id: str) -> list:
+        """The launchers of engine set ``set_id`` now (a copy: a set drops a launcher once told it stopped)."""
+        return list(getattr(self.ipp.engines.get(set_id), "launchers", {}).values())
 
 
 def _until_ssh_engines_ended(launchers) -> None:
