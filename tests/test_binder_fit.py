@@ -8,7 +8,7 @@ server (``jupyter lab``) started inside first, as on Binder, where the server sh
 (about 90 MiB idle). Then the last test here reads the records they wrote (``KIT_BINDER_RECORD``): every
 notebook passed, nothing was killed for memory, the server and the kit's engines and controllers ran
 inside the group, and each notebook's peak working set and anonymous memory stayed at or under 90 % of
-2 GiB (:data:`BUDGET`, 1,843 MiB): a notebook that needs the last 10 % fits only by chance, since
+2 GiB (:data:`BUDGET`, 1,843 MiB; 07's working set excepted, :data:`WORKING_SET_NOT_YET`): a notebook that needs the last 10 % fits only by chance, since
 Binder's kernel, server and libraries differ a little from these.
 Every notebook with 1 CPU also passed (measured on 2 cores: 493 s for a run of all of them instead of
 335 s), but that is too slow for make test's 20 minutes.
@@ -49,10 +49,15 @@ MiB, GiB = 2**20, 2**30
 RECORD_VAR = "KIT_BINDER_RECORD"
 #: What a notebook may use at its peak: Binder's 2 GiB less a 10 % margin (1,843 MiB).
 BUDGET = int(0.9 * 2 * GiB)
-#: Notebooks that still need more than BUDGET at their peak (under 2 GiB: no out-of-memory kill, checked
-#: above), with why. None since the engines run without ipyparallel's nanny: 07 (four TensorFlow tasks on
-#: 1 CPU) was at 1,821-1,933 MiB with four nannies, 1,749 MiB without (docs/performance.md, change 17).
-MARGIN_NOT_YET: dict[str, str] = {}
+#: Notebooks whose *working set* may still pass BUDGET at its peak, with why; their anonymous memory may not
+#: (under 2 GiB either way: no out-of-memory kill, checked above). 07 was at 1,749 MiB without ipyparallel's
+#: nannies (docs/performance.md, change 17), measured with TensorFlow's libraries already in the page cache.
+WORKING_SET_NOT_YET: dict[str, str] = {
+    "07-parameter-server.ipynb": (
+        "four TensorFlow processes on 1 CPU: with a cold page cache, as in a new Binder session, the group is charged "
+        "for TensorFlow's shared-library pages the tasks run (about 220-270 MiB, active); working set 1,849-1,902 "
+        "MiB, anonymous 1,630-1,660 MiB (docs/performance.md, change 23)"),
+}
 
 
 def cgroups_or_skip() -> None:
@@ -245,6 +250,9 @@ def test_the_margin_is_checked_per_notebook_when_the_record_has_one_peak_per_not
     assert over_budget(results, {**record, "kernels": [fits, fits]}) == []
     whole = {**record, "kernels": [fits]}  # one span for two notebooks: which was which is unknown
     assert over_budget(results, whole) == ["the whole run (a.ipynb, b.ipynb): working set 1900 MiB, anonymous 1700 MiB"]
+    assert over_budget(results, record, {"b.ipynb": "why"}) == []  # its working set excused, its anon under
+    assert over_budget(results, {**record, "kernels": [fits, anon_over]}, {"b.ipynb": "why"}) == \
+        ["b.ipynb: working set 1800 MiB, anonymous 1844 MiB"]  # anonymous memory is never excused
     assert round(BUDGET / MiB) == 1843
 
 
@@ -281,9 +289,9 @@ def test_the_notebook_run_fit_in_binder_limits():
         served = record.get("jupyter_server")
         assert served and served["inside"], (f"no Jupyter server ran inside the group (tools/binder_cgroup.py "
                                              f"--with-server), as it does on Binder: {served}")
-        known = [line for line in over_budget(results, record) if line.startswith(tuple(MARGIN_NOT_YET))]
-        print("\n".join(f"over the 10 % margin, known (MARGIN_NOT_YET): {line}" for line in known))
-        over = [line for line in over_budget(results, record) if line not in known]
+        known = [line for line in over_budget(results, record) if line not in over_budget(results, record, WORKING_SET_NOT_YET)]
+        print("\n".join(f"working set over the 10 % margin, known (WORKING_SET_NOT_YET): {line}" for line in known))
+        over = over_budget(results, record, WORKING_SET_NOT_YET)
         assert not over, (f"over {BUDGET / MiB:,.0f} MiB (90 % of 2 GiB) at the peak: {'; '.join(over)}. Find the "
                           f"memory (the table's \"at the peak\" lines say which processes held it)\n{table}")
         assert record["escaped_processes"] == {}, f"kit processes outside the group: {record['escaped_processes']}"
@@ -347,15 +355,17 @@ def per_notebook_spans(results: dict[str, dict], record: dict) -> dict[str, dict
     return dict(zip(results, spans)) if spans and len(spans) == len(results) else None
 
 
-def over_budget(results: dict[str, dict], record: dict) -> list[str]:
+def over_budget(results: dict[str, dict], record: dict, working_set_excused: dict[str, str] | None = None) -> list[str]:
     """What went over :data:`BUDGET` at its peak (working set or anonymous memory): each notebook when the
-    record has one peak per notebook, else the whole run."""
+    record has one peak per notebook, else the whole run. A notebook in ``working_set_excused`` is held to the
+    budget by its anonymous memory only."""
     spans = per_notebook_spans(results, record)
     if spans is None:
         spans = {f"the whole run ({', '.join(results)})": record}
+    excused = set(working_set_excused or ())
     return [f"{name}: working set {span['peak_working_set_bytes'] / MiB:.0f} MiB, anonymous {span['peak_anon_bytes'] / MiB:.0f} MiB"
             for name, span in spans.items()
-            if span["peak_working_set_bytes"] > BUDGET or span["peak_anon_bytes"] > BUDGET]
+            if (span["peak_working_set_bytes"] > BUDGET and name not in excused) or span["peak_anon_bytes"] > BUDGET]
 
 
 #: The order and names of the processes in the "at the peak" lines.
@@ -382,7 +392,9 @@ def format_table(results: dict[str, dict], record: dict) -> str:
     for name, result in results.items():
         span = spans.get(name)
         peak = f"{span['peak_working_set_bytes'] / MiB:21.0f} {span['peak_anon_bytes'] / MiB:14.0f}" if span else f"{'?':>21s} {'?':>14s}"
-        margin = "" if not span else (" (over 90 %)" if over_budget({name: result}, {"kernels": [span]}) else "")
+        one = ({name: result}, {"kernels": [span]})
+        margin = "" if not span else (" (over 90 %)" if over_budget(*one, WORKING_SET_NOT_YET) else
+                                      " (working set over 90 %, known)" if over_budget(*one) else "")
         lines.append(f"{name:40s} {result['cells']:5d} {result['seconds']:6.1f} {peak}  "
                      f"{'FAILED' if result['failed'] else 'passed'}{margin}")
     cpu = ("no CPU quota" if record["cpus"] is None else
