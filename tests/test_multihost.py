@@ -189,6 +189,26 @@ def test_a_task_whose_set_is_a_slurm_job_gets_the_engine_in_that_job():
         {"worker:0": 0, "worker:1": 1}
 
 
+def test_the_ssh_folder_round_reports_a_removal_that_failed_even_when_a_later_one_succeeds(tmp_path, caplog):
+    """After the SIGKILLs, one command per host removes each ended SSH engine's folder: a failed removal must reach
+    the warning also when it is not the last (the removals were joined with ';', whose exit is the last one's)."""
+    import types
+
+    from kit.core.attach import _remove_ended_engines_tmpdirs
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()  # a pid whose process is gone
+    local = {"ssh_cmd": ["sh"], "ssh_args": [], "location": "-c", "pid": ended.pid}  # `sh -c CMD` for `ssh HOST CMD`
+    unremovable, removable = "/proc/1/status", tmp_path / "kit-engine-gone"
+    (removable / "autograph").mkdir(parents=True)
+    with caplog.at_level("WARNING", logger="kit.core.attach"):
+        _remove_ended_engines_tmpdirs([(types.SimpleNamespace(**local), unremovable),
+                                       (types.SimpleNamespace(**local), str(removable))])
+    assert not removable.exists()
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "could not remove the engines' temporary folders (exit 1)" in warning and unremovable in warning
+
+
 # An engine from elsewhere in its own TMPDIR (kit.core._remote.own_tmpdir), signalled as scancel signals it: SIGTERM,
 # then SIGKILL after KillWait. The previous handler ends the process without exit handlers (os._exit), as that
 # SIGKILL does, so only the kit's SIGTERM handler can have removed the folder.

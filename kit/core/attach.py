@@ -119,6 +119,7 @@ class ForeignEngines(Engines):
         pids = {reports[engine_id]["pid"]: folder for engine_id, folder in folders.items()}
         self.ssh_tmpdirs = [(launcher, pids[launcher.pid]) for launcher in self._launchers()
                             if isinstance(launcher, SSHLauncher) and launcher.pid in pids]
+        self._record_last_words()  # now with the SSH engines' folders
         self._states_at = float("-inf")
         return {name: reports[engine_id] for name, engine_id in chosen.items()}
 
@@ -231,16 +232,22 @@ class ForeignEngines(Engines):
     def _record_last_words(self) -> None:
         """Keep the controller's last commands (:mod:`kit.core._lifeline`) to this cluster's current engines: if
         the kernel dies, ``scancel`` of its Slurm jobs and ``ssh HOST kill -9 PID`` of its SSH engines end them
-        at once, not after the engines miss their heartbeats (22.5 s measured, docs/performance.md change 20)."""
+        at once, not after the engines miss their heartbeats (22.5 s measured, docs/performance.md change 20).
+        An SSH engine's own TMPDIR, once known, goes in the same command after its process has ended (GNU
+        ``tail --pid`` waits for it, bounded): no later engine on that host may come to sweep it."""
         if self.last_words is None:
             return
         jobs = list(self._job_ids().values())
         commands = [["scancel", *jobs]] if jobs else []
+        folders = {id(launcher): folder for launcher, folder in self.ssh_tmpdirs}
         for set_id in self.owned_sets:
             for launcher in self._set_launchers(set_id):
                 if isinstance(launcher, SSHLauncher) and launcher.pid:
+                    pid, folder = int(launcher.pid), folders.get(id(launcher))
+                    removal = (f"; timeout 5 tail --pid={pid} -f /dev/null; "  # within the lifeline's 10 s
+                               f"rm -rf -- {shlex.quote(folder)}") if folder else ""
                     commands.append([*launcher.ssh_cmd, *launcher.ssh_args, launcher.location,
-                                     f"kill -9 {launcher.pid}"])
+                                     f"kill -9 {pid}{removal}"])
         write_atomic(self.last_words, json.dumps(commands))
 
     def _remove_tmpdirs(self) -> None:
@@ -327,13 +334,14 @@ def _remove_ended_engines_tmpdirs(folders: list[tuple[SSHLauncher, str]]) -> Non
     its folder in 1 of 5 runs of the slow tests beside a busy loop (tests/test_slurm_ssh.py)."""
     by_host: dict[tuple, list[str]] = {}
     for launcher, folder in folders:
-        # kill -0 fails once the process is gone (a zombie still counts as there, and keeps its folder)
+        # kill -0 fails once the process is gone (a zombie still counts as there, and keeps its folder); a
+        # removal that fails marks the whole command failed (rm names the folder), not only the last one
         by_host.setdefault((*launcher.ssh_cmd, *launcher.ssh_args, launcher.location), []).append(
-            f"kill -0 {int(launcher.pid)} 2>/dev/null || rm -rf -- {shlex.quote(folder)}")
+            f"kill -0 {int(launcher.pid)} 2>/dev/null || rm -rf -- {shlex.quote(folder)} || failed=1")
     for argv, removals in by_host.items():
         try:
-            done = subprocess.run([*argv, "; ".join(removals)], capture_output=True, text=True,
-                                  timeout=SSH_END_TIMEOUT_S)
+            done = subprocess.run([*argv, "; ".join(["failed=0", *removals, "exit $failed"])], capture_output=True,
+                                  text=True, timeout=SSH_END_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             log.warning("ssh to %s did not remove the engines' temporary folders within %s s",
                         argv[-1], SSH_END_TIMEOUT_S)
