@@ -250,5 +250,5 @@ def test_sigterm_removes_an_idle_engines_own_tmpdir_and_keeps_a_busy_ones(tmp_pa
         assert left == [], f"an idle engine's folder outlived SIGTERM: {left}"
     else:  # still in use by the running function: the next engine on the host removes it (its process is gone)
         assert len(left) == 1 and left[0].startswith(_remote.OWN_TMP_PREFIX), left
-        _remote._remove_dead_engines_tmpdirs(str(tmp_path))
+        _remote.remove_dead_engines_tmpdirs(str(tmp_path))
         assert not list(tmp_path.iterdir())

@@ -336,6 +336,8 @@ def test_kit_trains_over_ssh_restarts_and_then_behind_the_peer_only_firewall(sim
             assert all(r["attempt"] == 2 and r["global_step"] == 60 for r in results), results
             np.testing.assert_allclose(results[0]["loss"], results[1]["loss"], rtol=1e-5)
             assert sorted(cluster.run(socket.gethostname)) == ["h1", "h2"]  # the fresh engines: one per host again
+            restarted = exposed(warned)[1:]  # the restart's fresh tasks are named again, with their new ports
+            assert len(restarted) == 1 and all(f"{t.name} at {t.address}" in restarted[0] for t in cluster.tasks)
             resilience.remove_backup_dir(run_dir)
 
             # a task's server starts when the strategy is built and lives as long as its engine: after one run

@@ -101,7 +101,7 @@ def own_tmpdir() -> str:
 
     base = os.environ.get(HOST_TMP_VAR) or tempfile.gettempdir()
     os.environ[HOST_TMP_VAR] = base
-    _remove_dead_engines_tmpdirs(base)
+    remove_dead_engines_tmpdirs(base)
     mine = os.path.join(base, f"{OWN_TMP_PREFIX}{_lifeline.token(os.getpid()).replace(':', '-')}")
     os.makedirs(mine, mode=0o700, exist_ok=True)
     os.environ["TMPDIR"] = mine
@@ -152,10 +152,10 @@ def remove_own_tmpdir() -> None:
 
     if os.environ.get(HOST_TMP_VAR) and os.path.basename(os.environ.get("TMPDIR", "")).startswith(OWN_TMP_PREFIX):
         shutil.rmtree(os.environ["TMPDIR"], ignore_errors=True)
-        _remove_dead_engines_tmpdirs(os.environ[HOST_TMP_VAR])
+        remove_dead_engines_tmpdirs(os.environ[HOST_TMP_VAR])
 
 
-def _remove_dead_engines_tmpdirs(base: str) -> None:
+def remove_dead_engines_tmpdirs(base: str) -> None:
     """Remove the folders :func:`own_tmpdir` made under ``base`` for engines whose process is gone."""
     import shutil
 

@@ -202,6 +202,8 @@ class TFCluster:
             self._mark_stale(f"a restart failed ({str(error).splitlines()[0] if str(error) else error!r})",
                              getattr(error, "tasks", []))
             raise
+        if self.exposed_because:  # fresh ports: the warning names them again
+            self._warn_exposed()
         return self
 
     def stop(self) -> None:
