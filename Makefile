@@ -93,7 +93,7 @@ quick: $(STAMP)  ## the fast loop: pytest -m "not slow"
 # nbval outside it: its kernels join the group (--kernels-inside), as the server's own kernels would. Then
 # tests/test_binder_fit.py checks the records (every notebook passed, no out-of-memory kill, the server
 # and the kit's processes inside, each notebook's peak working set and anonymous memory at most 90 % of
-# 2 GiB, 1,843 MiB; 07's working set excepted: WORKING_SET_NOT_YET there says why) and prints each notebook's time and peak memory, and which processes held it at the
+# 2 GiB, 1,843 MiB) and prints each notebook's time and peak memory, and which processes held it at the
 # peak. Not root: plain runs, a notice, and the check skips saying why. Not every notebook gets 1 CPU: on
 # 2 cores, `make binder` (all of them with 1 CPU) took 833 s of cells where these two runs took 461 + 57 s, too long
 # for make test's 20 minutes (README, Binder and conda).

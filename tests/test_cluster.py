@@ -412,6 +412,39 @@ def test_no_kit_process_outlives_its_notebook_kernel(how, no_leaks):
     assert not kit_processes(kernel_pid)
 
 
+@pytest.mark.slow  # two clusters: 8 s
+def test_local_engines_are_forked_by_one_zygote_and_share_its_tensorflow(make_cluster):
+    """With preload (the default), one zygote in the cluster's network imports TensorFlow and forks every engine,
+    also the fresh ones of a restart; an engine's own memory is then a small part of what it maps (measured: 57
+    of 288 MiB resident after an op, against 248 of 583 MiB for an engine that imported TensorFlow itself)."""
+    def _tensorflow_op() -> float:
+        import tensorflow as tf
+
+        return float(tf.reduce_sum(tf.ones([3])))
+
+    cluster = make_cluster(workers=2)
+    assert cluster.run(_tensorflow_op) == [3.0, 3.0]
+    zygotes = {psutil.Process(t.pid).parent().pid for t in cluster.tasks}
+    (zygote,) = zygotes
+    assert "kit.core._zygote" in " ".join(psutil.Process(zygote).cmdline())
+    assert {os.readlink(f"/proc/{pid}/ns/net") for pid in [zygote, *(t.pid for t in cluster.tasks)]} == \
+        {os.readlink(f"/proc/{cluster.tasks[0].pid}/ns/net")} != {os.readlink("/proc/self/ns/net")}
+    for task in cluster.tasks:
+        memory = psutil.Process(task.pid).memory_full_info()
+        assert memory.uss < memory.rss / 3, (task.name, memory)
+    before = [t.pid for t in cluster.tasks]
+    cluster.restart()
+    assert cluster.run(_tensorflow_op) == [3.0, 3.0]
+    assert {psutil.Process(t.pid).parent().pid for t in cluster.tasks} == zygotes and \
+        not {t.pid for t in cluster.tasks} & set(before)
+    from kit.core import _zygote
+    assert not _zygote.same_start([{"PYTHONPATH": "/a"}, {}]) and _zygote.same_start([{"KIT_TASK": "x"}, {}])
+    itself = make_cluster(workers=1, preload=False)  # without preload: no zygote, the engine imports itself
+    assert itself.run(_tensorflow_op) == [3.0]
+    memory = psutil.Process(itself.tasks[0].pid).memory_full_info()
+    assert "kit.core._boot" in " ".join(psutil.Process(itself.tasks[0].pid).cmdline()) and memory.uss > memory.rss / 3
+
+
 @pytest.mark.slow  # a cluster: 9.7 s
 def test_a_killed_task_fails_the_run_then_restart_gives_fresh_engines(make_cluster):
     cluster = make_cluster(workers=2)

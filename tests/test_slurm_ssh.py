@@ -214,9 +214,12 @@ def test_the_kit_waits_for_a_queued_job_and_a_killed_kernel_leaves_no_job(sim, s
     wait_until(lambda: not sim.jobs(), 60, "the jobs of a killed kernel to end")
     wait_until(lambda: not sim.leftovers(), 30, "the engines of a killed kernel to end")
     print(f"jobs gone {time.monotonic() - started:.1f} s after the kernel was killed")
-    # their temporary folders too: the Slurm engines' at SIGTERM, the SSH engines' by the lifeline's ssh command
-    # (no later engine comes to these hosts in this test to sweep them)
-    wait_until(lambda: not temporary_leftovers(), 10, "the killed kernel's engines' temporary folders to go")
+    # their temporary folders too: the Slurm engines' at SIGTERM, the SSH engines' by the lifeline's ssh commands,
+    # which it runs one after another, each bounded (no later engine comes to these hosts in this test to sweep them)
+    deadline = time.monotonic() + 30
+    while temporary_leftovers() and time.monotonic() < deadline:
+        time.sleep(0.2)  # polling the folders
+    assert not temporary_leftovers(), f"the killed kernel's engines left {temporary_leftovers()}"
     # the controllers' lifelines ended them (kit.core._lifeline's last words), not the engines' missed heartbeats
     for kind, command in (("slurm", "scancel"), ("ssh", "ssh")):
         said = "".join(log.read_text() for log in (profiles[kind] / "log").glob("ipcontroller*.log"))

@@ -668,8 +668,8 @@ def _free_port() -> int:
 def _kind(cmdline: list[str]) -> str | None:
     """The kit's process kinds, the notebook kernels and the Jupyter server, by command line."""
     text = " ".join(cmdline)
-    if "kit.core._boot ipyparallel.engine" in text:
-        return "engine"
+    if "kit.core._boot ipyparallel.engine" in text or "kit.core._zygote ipyparallel.engine" in text:
+        return "engine"  # the zygote's forked engines keep its command line (kit.core._zygote); it counts too
     if "kit.core._boot kit.core._controller" in text:
         return "controller"
     if "ipykernel_launcher" in text or "-m ipykernel" in text:

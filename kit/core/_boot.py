@@ -35,6 +35,20 @@ def main(argv: list[str]) -> None:
         tfdata_wakeup.install()
     if os.environ.get(_remote.PRELOAD_VAR) == "tensorflow":  # ClusterOptions.preload: overlaps the roles
         _remote.preload_tensorflow()
+    _run(argv)
+
+
+def run_forked(argv: list[str]) -> None:
+    """The same in an engine forked by its cluster's zygote (:mod:`kit.core._zygote`), which is in the cluster's
+    network already and imported TensorFlow before the fork (the engine counts as preloaded)."""
+    _lifeline.start()
+    if argv[0] == "ipyparallel.engine":
+        tfdata_wakeup.install()
+    _remote.mark_preloaded()
+    _run(argv)
+
+
+def _run(argv: list[str]) -> None:
     sys.argv = [argv[0], *argv[1:]]
     runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
 

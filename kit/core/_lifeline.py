@@ -111,5 +111,25 @@ def start(value: str | None = None) -> threading.Event:
     return stop
 
 
+class Held:
+    """A helper process this process started and ends (a network's holder, the engines' zygote), which ends by
+    itself through its lifeline should this process die first."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process = process
+        self.pid = process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        """End it (SIGKILL) and wait for it."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
 def _start_thread(watched: list[tuple[int, float]], stop: threading.Event, words: str | None) -> None:
     threading.Thread(target=_watch, args=(watched, stop, words), name="kit-lifeline", daemon=True).start()

@@ -117,12 +117,11 @@ def _keep_inspectable(libc: ctypes.CDLL) -> None:
     _call(libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
 
 
-class PrivateNetwork:
+class PrivateNetwork(_lifeline.Held):
     """The holder of one cluster's network namespace, seen from the process that started it."""
 
     def __init__(self, process: subprocess.Popen):
-        self.process = process
-        self.pid = process.pid
+        super().__init__(process)
         self.token = _lifeline.token(process.pid)
 
     @classmethod
@@ -145,15 +144,7 @@ class PrivateNetwork:
                 raise Unavailable((said or [line.strip() or f"exit code {process.returncode}"])[-1])
         return cls(process)
 
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self) -> None:
-        """End the holder; the namespace goes when its last process (an engine) has exited."""
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(timeout=10)
-        self.process.stdout.close()
+    # stop(): the namespace goes when its last process (an engine) has exited
 
 
 def _read_line(process: subprocess.Popen, timeout: float) -> str:

@@ -203,6 +203,15 @@ def preload_tensorflow() -> threading.Thread | None:
     return PRELOAD
 
 
+def mark_preloaded() -> None:
+    """Count TensorFlow as preloaded in an engine forked after its import (:mod:`kit.core._zygote`)."""
+    global PRELOAD
+    if PRELOAD is None:
+        PRELOAD = threading.Thread(target=lambda: None, name="kit-preload (before the fork)", daemon=True)
+        PRELOAD.start()
+        PRELOAD.join()
+
+
 #: What :func:`limit_malloc_arenas` set in this process (None: nothing yet, or not glibc), and how many
 #: arenas the process had then: those stay, and none is added after (tests/test_multihost.py checks).
 MALLOC_ARENA_MAX: int | None = None

@@ -29,15 +29,18 @@ from typing import Any, Callable
 import ipyparallel as ipp
 import psutil
 
-from . import _lifeline, _netns, _remote, links, workdir
+from . import _lifeline, _netns, _remote, _zygote, links, workdir
 from .roles import on_each
 from .errors import ClusterError
 from .options import ClusterOptions, engine_set_id
 
 #: The controller's heartbeat period. An engine counts as registered after its first heartbeat,
-#: so ipyparallel's default (3000 ms) cost about 5 s of every start; the heart answers from a
-#: C thread, so a busy TensorFlow process still beats on time.
-HEARTBEAT_MS = 1000
+#: so ipyparallel's default (3000 ms) cost about 5 s of every start, and 1000 ms about 1 s once engines
+#: forked with TensorFlow imported register after the import instead of during it (docs/performance.md,
+#: change 24); the heart answers from a C thread, so a busy TensorFlow process still beats on time.
+HEARTBEAT_MS = 200
+#: Missed beats before the controller drops an engine: 10 s, as ipyparallel's default 10 misses of 1000 ms.
+HEARTBEAT_MISSES = 10_000 // HEARTBEAT_MS
 
 log = logging.getLogger("kit.core.engines")
 
@@ -104,6 +107,7 @@ class LocalEngines(Engines):
         self.profile_dir: str | None = None
         self.network: _netns.PrivateNetwork | None = None
         self.linked: links.LinkedNetwork | None = None  #: with options.link: one namespace per task (kit.core.links)
+        self.zygote: _zygote.Zygote | None = None  #: forks the engines, with TensorFlow imported (preload)
         self.retired_ids: set[int] = set()  # ids of engines already replaced: not ours any more
 
     @property
@@ -119,10 +123,14 @@ class LocalEngines(Engines):
         else:
             shared = self._private_network()
             networks = {name: shared for name in names}
-        # ClusterOptions.preload; not with tf_logs="all": TensorFlow's start-up lines would go to the engine's
-        # log before any run, instead of into the run that shows them
-        preload = ({_remote.PRELOAD_VAR: "tensorflow"} if self.options.preload and self.options.tf_logs == "quiet"
-                   else {})
+        # ClusterOptions.preload (not with tf_logs="all": TensorFlow's start-up lines would go to the engine's log, not
+        # the run): forked by one zygote that imported TensorFlow (docs/performance.md, change 24), unless the tasks
+        # would start differently or each has a network of its own (link=): then each imports it in the background
+        preload: dict[str, str] = {}
+        if self.options.preload and self.options.tf_logs == "quiet":
+            forked = self.options.link is None and _zygote.same_start([environments[name] for name in names])
+            preload = ({_zygote.ZYGOTE_VAR: self._zygote(environments[names[0]], lifeline, networks[names[0]])}
+                       if forked else {_remote.PRELOAD_VAR: "tensorflow"})
         for name in names:
             # TMPDIR in the cluster's folder: what a SIGKILLed task leaves there goes with it (kit.core.workdir)
             tmpdir = workdir.task_tmpdir(Path(self.profile_dir), engine_set_id(name))
@@ -145,6 +153,18 @@ class LocalEngines(Engines):
     def replace(self, names: list[str], environments: dict[str, dict[str, str]]) -> dict[str, dict]:
         self._stop_engines()
         return self.start(names, environments)
+
+    def _zygote(self, environment: dict[str, str], lifeline: str, network: dict[str, str]) -> str:
+        """The socket of this cluster's zygote (:mod:`kit.core._zygote`), started on first use and again if it is
+        gone or the network changed; what TensorFlow reads at import comes from the tasks' launch environment."""
+        if self.zygote is not None and not self.zygote.serves(network):
+            self.zygote.stop()
+            self.zygote = None
+        if self.zygote is None:
+            env = {**os.environ, **environment, _lifeline.LIFELINE_VAR: lifeline, **network}
+            env.pop(_remote.PRELOAD_VAR, None)
+            self.zygote = _zygote.Zygote.start_in(Path(self.profile_dir), env, self.options.start_timeout)
+        return self.zygote.socket_path
 
     def signal(self, name: str, engine_id: int, sig: int) -> None:
         launcher = self._launcher(name)
@@ -183,6 +203,9 @@ class LocalEngines(Engines):
             finally:
                 reap(pids)
                 self.ipp = None
+        if self.zygote is not None:
+            self.zygote.stop()
+            self.zygote = None
         if self.network is not None:
             self.network.stop()
             self.network = None
@@ -205,6 +228,7 @@ class LocalEngines(Engines):
             cluster_id=f"kit-{uuid.uuid4().hex[:8]}",
             # unix sockets, no TCP port: they reach engines in the private network (kit.core._controller)
             controller_args=["--IPController.use_threads=True", f"--HeartMonitor.period={HEARTBEAT_MS}",
+                             f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
                              "--IPController.transport=ipc", f"--IPController.ip={sockets}/c"],
             # ipyparallel warns, with the engine's whole log, about every engine that exits with a
             # signal; the kit kills engines on purpose (restart) and reports real failures itself
@@ -213,6 +237,8 @@ class LocalEngines(Engines):
             # there (IPEngine.wait_for_url_file) instead of being started only once it is: they import
             # TensorFlow meanwhile (docs/performance.md, change 17)
             send_engines_connection_env=False,
+            # an engine whose environment names a zygote is forked by it (kit.core._zygote), others start as usual
+            engine_launcher_class=_zygote.engine_set_launcher(),
         )
         self.ipp.start_controller_sync(
             controller_cmd=[sys.executable, "-m", "kit.core._boot", "kit.core._controller"],
