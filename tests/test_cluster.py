@@ -415,8 +415,8 @@ def test_no_kit_process_outlives_its_notebook_kernel(how, no_leaks):
 @pytest.mark.slow  # two clusters: 8 s
 def test_local_engines_are_forked_by_one_zygote_and_share_its_tensorflow(make_cluster):
     """With preload (the default), one zygote in the cluster's network imports TensorFlow and forks every engine,
-    also the fresh ones of a restart; an engine's own memory is then a small part of what it maps (measured: 57
-    of 288 MiB resident after an op, against 248 of 583 MiB for an engine that imported TensorFlow itself)."""
+    also the fresh ones of a restart; an engine's own (unique) memory after an op is then a fraction of an engine's
+    that imported TensorFlow itself (measured: 57 against 248 MiB)."""
     def _tensorflow_op() -> float:
         import tensorflow as tf
 
@@ -429,9 +429,7 @@ def test_local_engines_are_forked_by_one_zygote_and_share_its_tensorflow(make_cl
     assert "kit.core._zygote" in " ".join(psutil.Process(zygote).cmdline())
     assert {os.readlink(f"/proc/{pid}/ns/net") for pid in [zygote, *(t.pid for t in cluster.tasks)]} == \
         {os.readlink(f"/proc/{cluster.tasks[0].pid}/ns/net")} != {os.readlink("/proc/self/ns/net")}
-    for task in cluster.tasks:
-        memory = psutil.Process(task.pid).memory_full_info()
-        assert memory.uss < memory.rss / 3, (task.name, memory)
+    forked = {t.name: psutil.Process(t.pid).memory_full_info().uss for t in cluster.tasks}
     before = [t.pid for t in cluster.tasks]
     cluster.restart()
     assert cluster.run(_tensorflow_op) == [3.0, 3.0]
@@ -441,8 +439,9 @@ def test_local_engines_are_forked_by_one_zygote_and_share_its_tensorflow(make_cl
     assert not _zygote.same_start([{"PYTHONPATH": "/a"}, {}]) and _zygote.same_start([{"KIT_TASK": "x"}, {}])
     itself = make_cluster(workers=1, preload=False)  # without preload: no zygote, the engine imports itself
     assert itself.run(_tensorflow_op) == [3.0]
-    memory = psutil.Process(itself.tasks[0].pid).memory_full_info()
-    assert "kit.core._boot" in " ".join(psutil.Process(itself.tasks[0].pid).cmdline()) and memory.uss > memory.rss / 3
+    assert "kit.core._boot" in " ".join(psutil.Process(itself.tasks[0].pid).cmdline())
+    alone = psutil.Process(itself.tasks[0].pid).memory_full_info().uss
+    assert max(forked.values()) < alone / 2, (forked, alone)  # measured: 57 MiB against 248
 
 
 @pytest.mark.slow  # a cluster: 9.7 s
