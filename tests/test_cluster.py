@@ -444,6 +444,21 @@ def test_local_engines_are_forked_by_one_zygote_and_share_its_tensorflow(make_cl
     assert max(forked.values()) < alone / 2, (forked, alone)  # measured: 57 MiB against 248
 
 
+def test_a_zygote_that_cannot_start_or_fork_is_a_clear_error(tmp_path):
+    """What the zygote said reaches the error, with the way around it (preload=False); no process is left."""
+    from kit.core import _zygote
+
+    (tmp_path / "tensorflow").mkdir()  # a TensorFlow that cannot be imported, first on the path
+    (tmp_path / "tensorflow" / "__init__.py").write_text("raise ImportError('no TensorFlow here')\n")
+    with pytest.raises(_zygote.ZygoteError) as info:
+        _zygote.Zygote.start(str(tmp_path / "zygote.sock"), {**os.environ, "PYTHONPATH": str(tmp_path)},
+                             str(tmp_path / "zygote.log"), timeout=30)
+    assert "exited with code 1 before it was ready" in str(info.value) and "no TensorFlow here" in str(info.value)
+    assert "preload=False" in info.value.fix and isinstance(info.value, ClusterError)
+    with pytest.raises(_zygote.ZygoteError, match="did not fork an engine"):
+        _zygote.fork_engine(str(tmp_path / "nobody.sock"), ["ipyparallel.engine"], {}, str(tmp_path), "log")
+
+
 @pytest.mark.slow  # a cluster: 9.7 s
 def test_a_killed_task_fails_the_run_then_restart_gives_fresh_engines(make_cluster):
     cluster = make_cluster(workers=2)

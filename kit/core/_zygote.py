@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _lifeline
+from .errors import ClusterError
 
 #: An engine's launch variable: the zygote's socket, which forks it (kit.core.engines.LocalEngines).
 ZYGOTE_VAR = "KIT_ZYGOTE"
@@ -62,8 +63,16 @@ def same_start(environments: list[dict[str, str]]) -> bool:
     return len(seen) <= 1
 
 
-class ZygoteError(Exception):
+#: What to do when the zygote fails (the message says what it said).
+ZYGOTE_FIX = ("start the cluster with preload=False (each engine then imports TensorFlow itself), and read the "
+              "zygote's log (log/zygote.log in the cluster's folder)")
+
+
+class ZygoteError(ClusterError):
     """The zygote did not start, or did not fork an engine; the message says what it said."""
+
+    def __init__(self, message: str):
+        super().__init__(message, fix=ZYGOTE_FIX)
 
 
 class Zygote(_lifeline.Held):
@@ -79,18 +88,12 @@ class Zygote(_lifeline.Held):
     @classmethod
     def start_in(cls, folder: Path, environment: dict[str, str], timeout: float) -> "Zygote":
         """Start the zygote of the local cluster whose folder (:mod:`kit.core.workdir`) is ``folder``: its socket
-        in ``sockets/``, its log in ``log/``, its TMPDIR in ``tmp/zygote``; raise :class:`ClusterError`."""
+        in ``sockets/``, its log in ``log/``, its TMPDIR in ``tmp/zygote``; raise :class:`ZygoteError`."""
         from . import _netns, workdir
-        from .errors import ClusterError
 
         (folder / "log").mkdir(mode=0o700, exist_ok=True)
         environment = {**environment, "TMPDIR": workdir.task_tmpdir(folder, "zygote")}
-        try:
-            zygote = cls.start(str(folder / "sockets" / "zygote"), environment, str(folder / "log" / "zygote.log"),
-                               timeout)
-        except ZygoteError as error:
-            raise ClusterError(str(error), fix="start the cluster with preload=False (each engine then imports "
-                               "TensorFlow itself), and read the zygote's log") from None
+        zygote = cls.start(str(folder / "sockets" / "zygote"), environment, str(folder / "log" / "zygote.log"), timeout)
         zygote.netns = environment.get(_netns.NETNS_VAR)
         return zygote
 
@@ -111,13 +114,15 @@ class Zygote(_lifeline.Held):
             selector.register(process.stdout, selectors.EVENT_READ)
             line = process.stdout.readline().decode(errors="replace") if selector.select(timeout) else ""
         if line.strip() != READY:
+            ended = process.poll()
+            how = f"exited with code {ended} before it was ready" if ended is not None else \
+                f"did not report ready within {timeout:g}s"
             process.kill()
             process.wait(timeout=10)
             process.stdout.close()
             with open(log_path, errors="replace") as log:
-                said = log.read().strip().splitlines()[-5:]
-            raise ZygoteError(f"the engines' zygote (pid {process.pid}) did not report ready within {timeout:g}s"
-                              + (": " + " / ".join(said) if said else ""))
+                said = log.read().strip().splitlines()[-3:]
+            raise ZygoteError(f"the engines' zygote (pid {process.pid}) {how}" + (": " + " / ".join(said) if said else ""))
         process.stdout.close()  # it says nothing more there
         return cls(process, socket_path, log_path)
 
