@@ -112,11 +112,15 @@ class Zygote(_lifeline.Held):
                                        env=environment, start_new_session=True)
         with selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ)
-            line = process.stdout.readline().decode(errors="replace") if selector.select(timeout) else ""
+            answered = bool(selector.select(timeout))
+            line = process.stdout.readline().decode(errors="replace") if answered else ""
         if line.strip() != READY:
-            ended = process.poll()
-            how = f"exited with code {ended} before it was ready" if ended is not None else \
-                f"did not report ready within {timeout:g}s"
+            how = f"did not report ready within {timeout:g}s"
+            if answered and not line:  # the end of its output: it exited, or is exiting, before it was ready
+                try:
+                    how = f"exited with code {process.wait(timeout=10)} before it was ready"
+                except subprocess.TimeoutExpired:
+                    how = "closed its output before it was ready"
             process.kill()
             process.wait(timeout=10)
             process.stdout.close()
