@@ -72,7 +72,9 @@ def test_a_shaped_link_makes_the_all_reduce_follow_the_ring_model(make_cluster):
     cluster = make_cluster(workers=2, threads=1, link="100mbit")
     assert [t.address.rpartition(":")[0] for t in cluster.tasks] == ["10.88.0.1", "10.88.0.2"]
     holders = [h.pid for h in [*cluster.engines.linked.holders.values(), cluster.engines.linked.switch]]
-    rows = cluster.with_options(stream=False).run(time_all_reduce, repeats=3)
+    # 5 repeats: the fastest is the least disturbed (3 gave 1.20 s against the model's 0.91 once, in a fresh-clone
+    # make test, where the unit tests' two workers and the notebooks share the 2 cores)
+    rows = cluster.with_options(stream=False).run(time_all_reduce, repeats=5)
     assert [r["sum"] for r in rows] == [3.0, 3.0]
     nbytes, measured = rows[0]["bytes"], max(min(r["seconds"]) for r in rows)   # fastest: least disturbed
     host_bps = nbytes * 8 / unshaped
