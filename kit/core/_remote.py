@@ -193,14 +193,16 @@ def preload_tensorflow() -> threading.Thread | None:
     if "tensorflow" in sys.modules:  # imported at start-up by something else (a sitecustomize): the kit's
         return None                  # check refuses such an engine (kit.core.roles.check_engines)
 
-    def load() -> None:
-        importlib.import_module("tensorflow")
-        if os.environ.get("TF_USE_LEGACY_KERAS") == "1" and find_spec("tf_keras") is not None:
-            importlib.import_module("tf_keras")
-
-    PRELOAD = threading.Thread(target=load, name="kit-preload", daemon=True)
+    PRELOAD = threading.Thread(target=import_tensorflow_and_keras, name="kit-preload", daemon=True)
     PRELOAD.start()
     return PRELOAD
+
+
+def import_tensorflow_and_keras() -> None:
+    """Import TensorFlow, and tf_keras where ``TF_USE_LEGACY_KERAS=1`` asks for it (the preload, the zygote)."""
+    importlib.import_module("tensorflow")
+    if os.environ.get("TF_USE_LEGACY_KERAS") == "1" and find_spec("tf_keras") is not None:
+        importlib.import_module("tf_keras")
 
 
 def mark_preloaded() -> None:

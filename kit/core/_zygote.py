@@ -79,10 +79,9 @@ class Zygote(_lifeline.Held):
     """The zygote of one cluster's engines, seen from the process that started it (its engines are the kit's to
     stop: :meth:`stop` ends the zygote only)."""
 
-    def __init__(self, process: subprocess.Popen, socket_path: str, log_path: str, netns: str | None = None):
+    def __init__(self, process: subprocess.Popen, socket_path: str, netns: str | None = None):
         super().__init__(process)
         self.socket_path = socket_path
-        self.log_path = log_path
         self.netns = netns  #: the private network it is in (``KIT_NETNS``), None for the host's
 
     @classmethod
@@ -128,7 +127,7 @@ class Zygote(_lifeline.Held):
                 said = log.read().strip().splitlines()[-3:]
             raise ZygoteError(f"the engines' zygote (pid {process.pid}) {how}" + (": " + " / ".join(said) if said else ""))
         process.stdout.close()  # it says nothing more there
-        return cls(process, socket_path, log_path)
+        return cls(process, socket_path)
 
 
 def fork_engine(socket_path: str, argv: list[str], env: dict[str, str], cwd: str, log: str) -> int:
@@ -193,19 +192,15 @@ def _prepare() -> None:
     """Into the cluster's network (one thread yet), then the imports every engine shares."""
     import gc
     import importlib
-    from importlib.util import find_spec
 
-    from . import _netns, tfdata_wakeup
+    from . import _netns, _remote, tfdata_wakeup
 
     netns = os.environ.get(_netns.NETNS_VAR)
     if netns:
         _netns.enter(netns)
     tfdata_wakeup.install()
-    importlib.import_module("tensorflow")
-    if os.environ.get("TF_USE_LEGACY_KERAS") == "1" and find_spec("tf_keras") is not None:
-        importlib.import_module("tf_keras")
+    _remote.import_tensorflow_and_keras()
     importlib.import_module("ipyparallel.engine.app")
-    importlib.import_module("kit.core._remote")
     gc.collect()
     gc.freeze()
 
