@@ -152,3 +152,22 @@ def test_a_lifeline_s_last_words_run_bounded_and_say_what_they_did(tmp_path, cap
     words.write_text("[[")
     _lifeline.last_words(str(words))
     assert "cannot read the last commands" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("code, timeout, expected", [
+    ("print('ready')", 30, None),
+    ("import sys; sys.exit(2)", 30, "exited with code 2 before it was ready"),
+    ("print('cannot do that')", 30, "wrote 'cannot do that' instead of 'ready'"),
+    ("import time; time.sleep(60)", 0.5, "did not report ready within 0.5s"),
+])
+def test_a_helper_that_is_not_ready_is_said_why_and_reaped(code, timeout, expected):
+    """The network holder and the zygote start alike: their first line says ready, within a bound; anything else
+    kills and reaps the helper and names what it did instead (the callers add the helper's own log)."""
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        assert _lifeline.await_ready(process, timeout) == expected
+        if expected is not None:
+            assert process.returncode is not None and process.stdout.closed
+    finally:
+        process.kill()
+        process.wait(timeout=10)

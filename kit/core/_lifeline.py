@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import subprocess
 import sys
 import threading
@@ -111,9 +112,40 @@ def start(value: str | None = None) -> threading.Event:
     return stop
 
 
+def await_ready(process: subprocess.Popen, timeout: float, ready: str = "ready") -> str | None:
+    """Wait at most ``timeout`` s for the first line a helper ``process`` writes to its stdout pipe.
+
+    None when the line is ``ready``; otherwise the helper is killed and reaped, and the result says what it did
+    instead ("did not report ready within 60s", "exited with code 1 before it was ready", ...), for the
+    caller's error, which adds what the helper wrote to its own log.
+    """
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        answered = bool(selector.select(timeout))
+        line = process.stdout.readline() if answered else ""
+    if isinstance(line, bytes):
+        line = line.decode(errors="replace")
+    if line.strip() == ready:
+        return None
+    if not answered:
+        how = f"did not report {ready} within {timeout:g}s"
+    elif not line:  # the end of its output: it exited, or is exiting, before it was ready
+        try:
+            how = f"exited with code {process.wait(timeout=10)} before it was {ready}"
+        except subprocess.TimeoutExpired:
+            how = f"closed its output before it was {ready}"
+    else:
+        how = f"wrote {line.strip()[:200]!r} instead of {ready!r}"
+    process.kill()
+    process.wait(timeout=10)
+    process.stdout.close()
+    return how
+
+
 class Held:
     """A helper process this process started and ends (a network's holder, the engines' zygote), which ends by
-    itself through its lifeline should this process die first."""
+    itself through its lifeline should this process die first. It starts by writing ``ready`` to its stdout
+    (:func:`await_ready`)."""
 
     def __init__(self, process: subprocess.Popen):
         self.process = process

@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
-import selectors
 import socket
 import struct
 import subprocess
@@ -134,28 +133,14 @@ class PrivateNetwork(_lifeline.Held):
                 [sys.executable, "-m", "kit.core._netns"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=errors, text=True, env={**os.environ, _lifeline.LIFELINE_VAR: lifeline},
             )
-            line = _read_line(process, timeout)
-            if line.strip() != READY:
-                process.kill()
-                process.wait(timeout=timeout)
-                process.stdout.close()
+            how = _lifeline.await_ready(process, timeout, READY)
+            if how is not None:
                 errors.seek(0)
                 said = errors.read().strip().splitlines()
-                raise Unavailable((said or [line.strip() or f"exit code {process.returncode}"])[-1])
+                raise Unavailable((said or [f"the network namespace holder (pid {process.pid}) {how}"])[-1])
         return cls(process)
 
     # stop(): the namespace goes when its last process (an engine) has exited
-
-
-def _read_line(process: subprocess.Popen, timeout: float) -> str:
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        if not selector.select(timeout):
-            process.kill()
-            process.wait(timeout=timeout)
-            raise Unavailable(f"the network namespace holder (pid {process.pid}) did not report "
-                              f"ready within {timeout:g}s")
-    return process.stdout.readline()
 
 
 def main() -> None:

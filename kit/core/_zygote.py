@@ -36,7 +36,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from . import _lifeline
 from .errors import ClusterError
@@ -57,7 +57,7 @@ STARTUP_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAFEPATH"
                 "MALLOC_ARENA_MAX", "KIT_TFDATA_AUTOTUNE")
 
 
-def same_start(environments: list[dict[str, str]]) -> bool:
+def same_start(environments: Iterable[dict[str, str]]) -> bool:
     """Whether processes launched with these environments (over this process's) would start alike."""
     seen = {tuple({**os.environ, **env}.get(name) for name in STARTUP_VARS) for env in environments}
     return len(seen) <= 1
@@ -109,20 +109,8 @@ class Zygote(_lifeline.Held):
             process = subprocess.Popen([sys.executable, "-m", "kit.core._zygote", ENGINE_MODULE, socket_path],
                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                                        env=environment, start_new_session=True)
-        with selectors.DefaultSelector() as selector:
-            selector.register(process.stdout, selectors.EVENT_READ)
-            answered = bool(selector.select(timeout))
-            line = process.stdout.readline().decode(errors="replace") if answered else ""
-        if line.strip() != READY:
-            how = f"did not report ready within {timeout:g}s"
-            if answered and not line:  # the end of its output: it exited, or is exiting, before it was ready
-                try:
-                    how = f"exited with code {process.wait(timeout=10)} before it was ready"
-                except subprocess.TimeoutExpired:
-                    how = "closed its output before it was ready"
-            process.kill()
-            process.wait(timeout=10)
-            process.stdout.close()
+        how = _lifeline.await_ready(process, timeout, READY)
+        if how is not None:
             with open(log_path, errors="replace") as log:
                 said = log.read().strip().splitlines()[-3:]
             raise ZygoteError(f"the engines' zygote (pid {process.pid}) {how}" + (": " + " / ".join(said) if said else ""))
