@@ -114,8 +114,9 @@ def test_inside_the_group_the_kit_sees_the_limits_and_its_processes_stay_in_it(t
             return {"cores": found.cores, "memory_limit": found.memory_limit}
 
         straggler = subprocess.Popen(["sleep", "600"], start_new_session=True)  # left behind on purpose
-        with TFCluster(workers=1) as cluster:
-            (engine,) = cluster.with_options(stream=False).run(inside)
+        with TFCluster(workers=2) as cluster:  # two tasks: forked by a zygote (kit.core._zygote), in the group too
+            engine, other = cluster.with_options(stream=False).run(inside)
+            assert engine == other, (engine, other)
             groups = {p.pid: open(f"/proc/{p.pid}/cgroup").read() for p in kit_processes(os.getpid())}
         groups[os.getpid()] = open("/proc/self/cgroup").read()
         print(json.dumps({"engine": engine, "groups": groups, "straggler": straggler.pid}))
@@ -128,7 +129,7 @@ def test_inside_the_group_the_kit_sees_the_limits_and_its_processes_stay_in_it(t
     seen = json.loads(out.read_text().splitlines()[-1])
     assert record["returncode"] == 0, record
     assert seen["engine"] == {"cores": 1, "memory_limit": 2 * GiB}
-    assert len(seen["groups"]) >= 3, seen  # this script, the controller, the engine
+    assert len(seen["groups"]) >= 5, seen  # this script, the controller, the zygote, the engines
     for pid, membership in seen["groups"].items():  # /proc/PID/cgroup: "id:controllers:path" per hierarchy
         for line in membership.splitlines():
             _, controllers, path = line.split(":", 2)
@@ -136,8 +137,8 @@ def test_inside_the_group_the_kit_sees_the_limits_and_its_processes_stay_in_it(t
                 assert path.endswith("/" + name), f"process {pid} is in {controllers}:{path}, not in {name}"
     assert not alive(seen["straggler"]), "a process left in the group outlived it"
     assert not any(d.exists() for d in dirs), f"the group outlived its context: {dirs}"
-    # the engine and the zygote that forked it (kit.core._zygote), which the sampler counts with the engines
-    assert record["processes_seen"].get("engine") == 2 and record["processes_seen"].get("controller", 0) >= 1
+    # the two engines and the zygote that forked them (kit.core._zygote), which the sampler counts with the engines
+    assert record["processes_seen"].get("engine") == 3 and record["processes_seen"].get("controller", 0) >= 1
     assert record["escaped_processes"] == {} and record["sampler_errors"] == []
 
 

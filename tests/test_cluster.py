@@ -414,8 +414,8 @@ def test_no_kit_process_outlives_its_notebook_kernel(how, no_leaks):
 
 @pytest.mark.slow  # two clusters: 8 s
 def test_local_engines_are_forked_by_one_zygote_and_share_its_tensorflow(make_cluster):
-    """With preload (the default), one zygote in the cluster's network imports TensorFlow and forks every engine,
-    also the fresh ones of a restart; an engine's own (unique) memory after an op is then a fraction of an engine's
+    """With preload (the default) and more than one task, one zygote in the cluster's network imports TensorFlow and
+    forks every engine, also the fresh ones of a restart; an engine's own (unique) memory after an op is then a fraction of an engine's
     that imported TensorFlow itself (measured: 57 against 248 MiB)."""
     def _tensorflow_op() -> float:
         import tensorflow as tf
@@ -437,7 +437,7 @@ def test_local_engines_are_forked_by_one_zygote_and_share_its_tensorflow(make_cl
         not {t.pid for t in cluster.tasks} & set(before)
     from kit.core import _zygote
     assert not _zygote.same_start([{"PYTHONPATH": "/a"}, {}]) and _zygote.same_start([{"KIT_TASK": "x"}, {}])
-    itself = make_cluster(workers=1, preload=False)  # without preload: no zygote, the engine imports itself
+    itself = make_cluster(workers=1)  # one task: no zygote to share, the engine imports TensorFlow itself
     assert itself.run(_tensorflow_op) == [3.0]
     assert "kit.core._boot" in " ".join(psutil.Process(itself.tasks[0].pid).cmdline())
     alone = psutil.Process(itself.tasks[0].pid).memory_full_info().uss

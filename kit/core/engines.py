@@ -125,10 +125,10 @@ class LocalEngines(Engines):
             networks = {name: shared for name in names}
         # ClusterOptions.preload (not with tf_logs="all": TensorFlow's start-up lines would go to the engine's log, not
         # the run): forked by one zygote that imported TensorFlow (docs/performance.md, change 24), unless the tasks
-        # would start differently or each has a network of its own (link=): then each imports it in the background
+        # start differently, each has its own network (link=) or there is one: then each imports it in the background
         preload: dict[str, str] = {}
         if self.options.preload and self.options.tf_logs == "quiet":
-            forked = self.options.link is None and _zygote.same_start([environments[name] for name in names])
+            forked = len(names) > 1 and self.options.link is None and _zygote.same_start(map(environments.get, names))
             preload = ({_zygote.ZYGOTE_VAR: self._zygote(environments[names[0]], lifeline, networks[names[0]])}
                        if forked else {_remote.PRELOAD_VAR: "tensorflow"})
         for name in names:
