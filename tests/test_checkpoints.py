@@ -65,3 +65,17 @@ def test_restore_from_an_empty_directory_restores_nothing(tmp_path):
 
     tf = import_tensorflow()
     assert checkpoints.restore_latest(tf.train.Checkpoint(value=tf.Variable(1.0)), tmp_path) is None
+
+
+def test_a_keras_file_save_needs_its_folder_and_a_savedmodel_save_makes_it(tmp_path):
+    """Notebook 03's note in step 4, for the kit's Keras (tf-keras): a `.keras` save does not create its folder (the
+    chief's save failed when worker 1's `makedirs` of workertemp_1 came after it); a SavedModel save does."""
+    from kit.train._tf import import_tensorflow
+
+    tf = import_tensorflow()
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+    assert type(model).__module__.startswith("tf_keras"), type(model).__module__
+    with pytest.raises(FileNotFoundError):
+        model.save(str(tmp_path / "missing" / "model.keras"))
+    model.save(str(tmp_path / "new" / "model"))
+    assert (tmp_path / "new" / "model" / "saved_model.pb").is_file()
