@@ -415,8 +415,8 @@ def test_no_kit_process_outlives_its_notebook_kernel(how, no_leaks):
 @pytest.mark.slow  # two clusters: 8 s
 def test_local_engines_are_forked_by_one_zygote_and_share_its_tensorflow(make_cluster):
     """With preload (the default) and more than one task, one zygote in the cluster's network imports TensorFlow and
-    forks every engine, also the fresh ones of a restart; an engine's own (unique) memory after an op is then a fraction of an engine's
-    that imported TensorFlow itself (measured: 57 against 248 MiB)."""
+    forks every engine, also the fresh ones of a restart; an engine's own (unique) memory after an op is then a
+    fraction of an engine's that imported TensorFlow itself (measured: 57 against 248 MiB)."""
     def _tensorflow_op() -> float:
         import tensorflow as tf
 

@@ -78,11 +78,11 @@ class ClusterOptions:
                                  "forks every engine, which shares those pages (about half the memory of "
                                  "engines that import it each; docs/performance.md, change 24), and the first "
                                  "training step comes sooner. A task behind its own link=, or the one task of a "
-                                 "one-task cluster, imports it in the background as it starts. TF_CONFIG still takes effect: TensorFlow reads it "
-                                 "when a strategy is built. False: TensorFlow is imported when the function "
-                                 "you run imports it (nothing for a task that never runs TensorFlow). Engines "
-                                 "from elsewhere, and engines with tf_logs='all' (whose start-up lines then "
-                                 "show in the run that imports TensorFlow), are never preloaded.")
+                                 "one-task cluster, imports it in the background as it starts. TF_CONFIG still "
+                                 "takes effect: TensorFlow reads it when a strategy is built. False: TensorFlow is "
+                                 "imported when the function you run imports it (nothing for a task that never "
+                                 "runs TensorFlow). Engines from elsewhere, and engines with tf_logs='all' (whose "
+                                 "start-up lines then show in the run that imports TensorFlow), are never preloaded.")
     start_timeout: float = _field(60.0, "Seconds to wait for every engine to register and "
                                         "report its TF_CONFIG before giving up.")
     env: dict = _field(None, "Extra environment variables for every task, e.g. "
