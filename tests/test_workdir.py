@@ -159,6 +159,8 @@ def test_a_lifeline_s_last_words_run_bounded_and_say_what_they_did(tmp_path, cap
     ("import sys; sys.exit(2)", 30, "exited with code 2 before it was ready"),
     ("print('cannot do that')", 30, "wrote 'cannot do that' instead of 'ready'"),
     ("import time; time.sleep(60)", 0.5, "did not report ready within 0.5s"),
+    ("import sys, time; sys.stdout.write('rea'); sys.stdout.flush(); time.sleep(60)", 0.5,
+     "did not report ready within 0.5s (it wrote 'rea')"),  # the bound holds for the whole line
 ])
 def test_a_helper_that_is_not_ready_is_said_why_and_reaped(code, timeout, expected):
     """The network holder and the zygote start alike: their first line says ready, within a bound; anything else
@@ -166,8 +168,9 @@ def test_a_helper_that_is_not_ready_is_said_why_and_reaped(code, timeout, expect
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
         assert _lifeline.await_ready(process, timeout) == expected
+        assert process.stdout.closed  # the helper says nothing more there
         if expected is not None:
-            assert process.returncode is not None and process.stdout.closed
+            assert process.returncode is not None
     finally:
         process.kill()
         process.wait(timeout=10)

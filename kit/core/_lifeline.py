@@ -24,6 +24,7 @@ import selectors
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
 
@@ -113,32 +114,39 @@ def start(value: str | None = None) -> threading.Event:
 
 
 def await_ready(process: subprocess.Popen, timeout: float, ready: str = "ready") -> str | None:
-    """Wait at most ``timeout`` s for the first line a helper ``process`` writes to its stdout pipe.
+    """Wait at most ``timeout`` s for the first whole line a helper ``process`` writes to its stdout pipe.
 
     None when the line is ``ready``; otherwise the helper is killed and reaped, and the result says what it did
     instead ("did not report ready within 60s", "exited with code 1 before it was ready", ...), for the
-    caller's error, which adds what the helper wrote to its own log.
+    caller's error, which adds what the helper wrote to its own log. The pipe is closed either way: a helper
+    says nothing more there (the zygote points its stdout at its log once ready).
     """
+    deadline = time.monotonic() + timeout
+    said, ended = b"", False
+    fd = process.stdout.fileno()
     with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        answered = bool(selector.select(timeout))
-        line = process.stdout.readline() if answered else ""
-    if isinstance(line, bytes):
-        line = line.decode(errors="replace")
-    if line.strip() == ready:
+        selector.register(fd, selectors.EVENT_READ)
+        while b"\n" not in said and not ended:  # the bound holds for the whole line, not its first byte
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                break
+            chunk = os.read(fd, 4096)  # not the buffered reader: a half-written line must not block
+            said, ended = said + chunk, not chunk
+    process.stdout.close()
+    line, complete = said.partition(b"\n")[0].decode(errors="replace").strip(), b"\n" in said
+    if complete and line == ready:
         return None
-    if not answered:
-        how = f"did not report {ready} within {timeout:g}s"
-    elif not line:  # the end of its output: it exited, or is exiting, before it was ready
+    if complete:
+        how = f"wrote {line[:200]!r} instead of {ready!r}"
+    elif ended:  # the end of its output: it exited, or is exiting, before it was ready
         try:
             how = f"exited with code {process.wait(timeout=10)} before it was {ready}"
         except subprocess.TimeoutExpired:
             how = f"closed its output before it was {ready}"
     else:
-        how = f"wrote {line.strip()[:200]!r} instead of {ready!r}"
+        how = f"did not report {ready} within {timeout:g}s" + (f" (it wrote {line[:200]!r})" if line else "")
     process.kill()
     process.wait(timeout=10)
-    process.stdout.close()
     return how
 
 

@@ -114,7 +114,6 @@ class Zygote(_lifeline.Held):
             with open(log_path, errors="replace") as log:
                 said = log.read().strip().splitlines()[-3:]
             raise ZygoteError(f"the engines' zygote (pid {process.pid}) {how}" + (": " + " / ".join(said) if said else ""))
-        process.stdout.close()  # it says nothing more there
         return cls(process, socket_path)
 
 
