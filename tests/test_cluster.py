@@ -221,7 +221,8 @@ def test_tensorflow_start_up_noise_is_hidden_but_kept(make_cluster, capsys, monk
     def import_tensorflow():
         import os
         import tensorflow as tf
-        print(f"TensorFlow {tf.__version__} on {os.environ['KIT_TASK']}, log level {os.environ.get('TF_CPP_MIN_LOG_LEVEL')}")
+        print(f"TensorFlow {tf.__version__} on {os.environ['KIT_TASK']}, "
+              f"log level {os.environ.get('TF_CPP_MIN_LOG_LEVEL')}")
 
     # preload=False: the run imports TensorFlow, so its start-up lines come in the run (a preloading engine
     # writes them to its log as it starts, before any run, where nothing shows them either)
@@ -546,7 +547,8 @@ def test_a_port_taken_after_it_was_picked_is_replaced(make_cluster, monkeypatch,
 
 @pytest.mark.slow  # a cluster: 3.0 s
 def test_a_task_that_crashes_at_start_is_named(tmp_path, monkeypatch, no_leaks):
-    broken_startup(tmp_path, monkeypatch, "import os, sys\nprint('engine refuses to start', file=sys.stderr)\nos._exit(7)\n")
+    broken_startup(tmp_path, monkeypatch,
+                   "import os, sys\nprint('engine refuses to start', file=sys.stderr)\nos._exit(7)\n")
     with pytest.raises(ClusterError) as info:
         TFCluster(workers=2, start_timeout=30).start()
     assert info.value.tasks == ["worker:1"]

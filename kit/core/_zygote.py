@@ -113,7 +113,8 @@ class Zygote(_lifeline.Held):
         if how is not None:
             with open(log_path, errors="replace") as log:
                 said = log.read().strip().splitlines()[-3:]
-            raise ZygoteError(f"the engines' zygote (pid {process.pid}) {how}" + (": " + " / ".join(said) if said else ""))
+            raise ZygoteError(f"the engines' zygote (pid {process.pid}) {how}"
+                              + (": " + " / ".join(said) if said else ""))
         return cls(process, socket_path)
 
 
@@ -130,7 +131,8 @@ def fork_engine(socket_path: str, argv: list[str], env: dict[str, str], cwd: str
             raise ZygoteError(f"the engines' zygote at {socket_path} did not fork an engine: {error}") from None
     answer = json.loads(reply or b"{}")
     if "pid" not in answer:
-        raise ZygoteError(f"the engines' zygote at {socket_path} did not fork an engine: {answer.get('error', reply)!r}")
+        raise ZygoteError(f"the engines' zygote at {socket_path} did not fork an engine: "
+                          f"{answer.get('error', reply)!r}")
     return int(answer["pid"])
 
 
