@@ -26,11 +26,12 @@ from .core.errors import (ClusterError, ExposedPortsWarning, FailuresExhaustedEr
 __version__ = "0.1.0"
 __all__ = ["TFCluster", "HorovodCluster", "ClusterOptions", "RunOptions", "TaskInfo", "Link", "KitError", "TFConfigError",
            "ClusterError", "OptionError", "WorkerError", "FailuresExhaustedError", "GridError",
-           "ExposedPortsWarning", "MemoryLimitWarning", "launch", "free_ports", "core", "train", "tools"]
+           "ExposedPortsWarning", "MemoryLimitWarning", "launch", "free_ports", "Progress", "OnTask", "core", "train", "tools"]
 
 _LAZY = {"TFCluster": "core.cluster", "HorovodCluster": "core.horovod", "ClusterOptions": "core.options",
          "RunOptions": "core.options", "TaskInfo": "core.options", "Link": "core.links",
-         "launch": "core.plain", "free_ports": "core.plain"}
+         "launch": "core.plain", "free_ports": "core.plain", "Progress": "train.progress",
+         "OnTask": "train.progress"}
 _SUBPACKAGES = {"core", "train", "tools"}
 
 

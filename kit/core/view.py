@@ -310,5 +310,13 @@ class RunView:
         """Each task's :meth:`TaskRow.lag`: seconds from its last progress report to its result."""
         return {name: row.lag() for name, row in self.rows.items()}
 
+    def measurements(self) -> dict[str, dict]:
+        """What each task reported (``kit.Progress``'s ``examples_per_second``, ``epoch_seconds``,
+        ``step_loss``, ``logged_loss``, or any field a callback published), with ``wall_seconds`` (from the
+        function's start to its result) and ``lag_seconds`` (:meth:`TaskRow.lag`) that the kit measured."""
+        return {name: {**{k: v for k, v in row.progress.items() if k != "time"},
+                       "wall_seconds": row.elapsed(), "lag_seconds": row.lag()}
+                for name, row in self.rows.items()}
+
     def _repr_html_(self) -> str:
         return render_html(self.title, self.rows.values())

@@ -1,4 +1,4 @@
-"""The ``kit`` command: ``kit tfconfig``, ``kit demo``, ``kit notebooks``, ``kit sweep``, ``kit plot``,
+"""The ``kit`` command: ``kit tfconfig``, ``kit demo``, ``kit notebooks``, ``kit export``, ``kit sweep``, ``kit plot``,
 ``kit bench``, ``kit faults`` and ``kit compat`` over the same functions the notebooks use."""
 
 from __future__ import annotations
@@ -279,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("directory", metavar="DIR", help="where to copy them (created if missing)")
     p.add_argument("--force", action="store_true", help="overwrite notebooks already in DIR")
     p.set_defaults(func=cmd_notebooks)
+
+    from .export import add_parser as add_export
+    add_export(sub, notebooks_dir)
 
     p = sub.add_parser("sweep", help="run a notebook once per point of a parameter grid (papermill)",
                        description="Runs NOTEBOOK once per combination of the -p values, each in a fresh "

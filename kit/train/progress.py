@@ -7,6 +7,12 @@ a test) it does nothing, so training code can call it anywhere.
 
     model.fit(dataset, callbacks=[kit.train.progress.callback(batch_size=64)])   # Keras
     kit.train.progress.publish(step=step, steps=total, loss=loss)                  # a custom loop
+
+A lesson's function stays plain TensorFlow: it takes ``callbacks=()`` as any script could, and the notebook
+passes :class:`OnTask` objects (``kit.Progress(batch_size)``), which become Keras callbacks on the task::
+
+    cluster.run(train, 64, callbacks=[kit.Progress(128)])   # made in the kernel, built on each task
+    cluster.last_view.measurements()                        # what each task's callback measured
 """
 
 from __future__ import annotations
@@ -57,6 +63,33 @@ def publish(*, reset: bool = False, **fields: Any) -> bool:
     _current.update(fields, time=time.time())
     publish_data({KEY: dict(_current)})
     return True
+
+
+class OnTask:
+    """``factory(*args, **kwargs)``, made where this object is unpickled: on the task that receives it as an
+    argument of ``cluster.run``. The notebook's kernel has no TensorFlow, so a Keras callback cannot be made
+    there; this stands for one until it reaches the task (``pickle`` calls ``factory`` there, by name)."""
+
+    def __init__(self, factory: Any, *args: Any, **kwargs: Any):
+        self.factory, self.args, self.kwargs = factory, args, kwargs
+
+    def __reduce__(self) -> tuple:
+        return (_build, (self.factory, self.args, self.kwargs))
+
+    def __repr__(self) -> str:
+        return f"OnTask({getattr(self.factory, '__qualname__', self.factory)}, {self.args}, {self.kwargs})"
+
+
+def _build(factory: Any, args: tuple, kwargs: dict) -> Any:
+    return factory(*args, **kwargs)
+
+
+def Progress(batch_size: int | None = None, summed_over: int | None = None) -> OnTask:  # noqa: N802 (a class to its user)
+    """The kit's Keras callback (:func:`callback`) for a lesson's ``callbacks=`` argument, built on each task:
+    it feeds the live view, and at the end of training reports what it measured (``examples_per_second``,
+    ``epoch_seconds``, ``step_loss``, ``logged_loss``) to ``cluster.last_view.measurements()``.
+    ``batch_size``: the examples one step trains (the global batch under a synchronous strategy)."""
+    return OnTask(callback, batch_size, summed_over)
 
 
 class Meter:
@@ -190,6 +223,11 @@ def callback(batch_size: int | None = None, summed_over: int | None = None,
             self.epoch_seconds.append(time.perf_counter() - self._epoch_start)
             self.meter.epoch_end(epoch + 1, self.params.get("steps") or 0,
                                  float(logs["loss"]) if logs and "loss" in logs else None)
+
+        def on_train_end(self, logs: dict | None = None) -> None:
+            """What was measured, to the notebook (``RunView.measurements``): the run's record, from outside
+            the training function."""
+            publish(**self.summary(), logged_loss=list(self.logged_loss))
 
         def summary(self) -> dict[str, Any]:
             """``step_loss``, ``epoch_seconds`` and ``examples_per_second`` over the epochs after the
