@@ -16,25 +16,12 @@ from pathlib import Path
 from ..core import tfconfig
 from ..core.errors import KitError, TFConfigError
 from ..core.view import text_in_kernels_started_here
+from .export import DEMO_NOTEBOOK, notebooks_dir
 
-DEMO_NOTEBOOK = "01-single-vs-multi-worker.ipynb"
 #: What ``kit notebooks DIR`` copies: the lessons, their index, their figures, the sweeps' trial notebooks, and the
 #: committed results notebook 10 reads.
 NOTEBOOK_FILES = ("[0-9][0-9]*-*.ipynb", "README.md", "figures/*.svg", "trials/*.ipynb", "results/*.csv",
                   "results/*.json")
-
-
-def notebooks_dir() -> Path:
-    """The folder of the lessons: ``kit/notebooks`` in an installed wheel (package data), else the
-    repository's ``notebooks/`` (an editable install, or kit imported from a checkout)."""
-    installed = Path(str(resources.files("kit") / "notebooks"))
-    checkout = Path(__file__).resolve().parents[2] / "notebooks"
-    for candidate in (installed, checkout):
-        if (candidate / DEMO_NOTEBOOK).is_file():
-            return candidate
-    raise KitError(f"the lessons are in neither {installed} (an installed kit) nor {checkout} (a "
-                   "checkout). Fix: git checkout notebooks/ in a checkout, or reinstall the kit (pip "
-                   "install --force-reinstall WHEEL_OR_SOURCE_FOLDER)")
 
 
 def notebook_files(source: Path | None = None) -> list[Path]:
@@ -281,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_notebooks)
 
     from .export import add_parser as add_export
-    add_export(sub, notebooks_dir)
+    add_export(sub)
 
     p = sub.add_parser("sweep", help="run a notebook once per point of a parameter grid (papermill)",
                        description="Runs NOTEBOOK once per combination of the -p values, each in a fresh "

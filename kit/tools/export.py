@@ -24,6 +24,7 @@ import argparse
 import ast
 import json
 import re
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,26 @@ FORBIDDEN = {
            "(callbacks=[kit.Progress(...)]) or read it in a cell outside the lesson",
     "KIT_": "the kit's environment variables (KIT_TASK ...): read TF_CONFIG, as a script does",
 }
+#: The lesson ``kit demo`` runs; every installed kit has it, so its folder is the lessons' folder.
+DEMO_NOTEBOOK = "01-single-vs-multi-worker.ipynb"
 _WRITEFILE = re.compile(r"\A%%writefile(?:\s+-a)?\s+(\S+)\s*\n")
 
 
 class ExportError(KitError):
     """A notebook that cannot be exported, with the field and the fix."""
+
+
+def notebooks_dir() -> Path:
+    """The folder of the lessons: ``kit/notebooks`` in an installed wheel (package data), else the
+    repository's ``notebooks/`` (an editable install, or kit imported from a checkout)."""
+    installed = Path(str(resources.files("kit") / "notebooks"))
+    checkout = Path(__file__).resolve().parents[2] / "notebooks"
+    for candidate in (installed, checkout):
+        if (candidate / DEMO_NOTEBOOK).is_file():
+            return candidate
+    raise KitError(f"the lessons are in neither {installed} (an installed kit) nor {checkout} (a "
+                   "checkout). Fix: git checkout notebooks/ in a checkout, or reinstall the kit (pip "
+                   "install --force-reinstall WHEEL_OR_SOURCE_FOLDER)")
 
 
 def lesson_cells(notebook: dict) -> list[str]:
@@ -194,7 +210,7 @@ def exportable(folder: Path) -> list[str]:
             if json.loads(p.read_text()).get("metadata", {}).get("kit", {}).get("export")]
 
 
-def add_parser(sub: Any, notebooks_dir: Any) -> None:
+def add_parser(sub: Any) -> None:
     parser = sub.add_parser(
         "export", help="write a notebook's lesson as main.py, a script that runs without the kit",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -243,8 +259,6 @@ def take_home(lesson: str, out: str | Path, lines: int = 14) -> Path:
     """A notebook's "Take it home" cell: export the kit's saved copy of ``lesson`` (e.g.
     ``"01-single-vs-multi-worker"``) to ``out``, then print how to run it and the first lines of main.py
     after its docstring. Returns main.py's path."""
-    from .cli import notebooks_dir
-
     (path,) = notebooks_dir().glob(f"{lesson}*.ipynb")
     main = export(path, Path(out))[0]
     spec = json.loads(path.read_text())["metadata"]["kit"]["export"]
