@@ -77,12 +77,21 @@ def describe(procs: list[psutil.Process]) -> list[str]:
     return out
 
 
+@pytest.fixture(autouse=True)
+def _exposed_warnings_shown_afresh():
+    """Each test sees the ExposedPortsWarning of its own clusters (a kernel shows it once per process)."""
+    from kit.core.cluster import EXPOSED_SHOWN
+
+    EXPOSED_SHOWN.clear()
+
+
 def exposed(warned) -> list[str]:
-    """The ExposedPortsWarning messages among what ``pytest.warns`` recorded: it records every warning meanwhile
-    (a ResourceWarning of an unclosed file came first in one run), not only the one it waits for."""
+    """The ExposedPortsWarnings' whole text (``detail``, with every address) among what ``pytest.warns``
+    recorded: it records every warning meanwhile (a ResourceWarning of an unclosed file came first in one run),
+    not only the one it waits for."""
     from kit.core.errors import ExposedPortsWarning
 
-    return [str(w.message) for w in warned if issubclass(w.category, ExposedPortsWarning)]
+    return [w.message.detail for w in warned if issubclass(w.category, ExposedPortsWarning)]
 
 
 def sh(*args: str) -> None:

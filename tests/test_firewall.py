@@ -30,15 +30,17 @@ def test_the_warning_names_every_address_of_every_task():
     tasks = [task("worker:0", "10.66.0.2:2222", ("10.66.0.2:2222", "192.168.1.5:2222", "[fd00::2]:2222")),
              task("worker:1", "10.66.0.3:3333", ("10.66.0.3:3333", "[fe80::1%eth0]:3333")),
              task("evaluator", "")]
-    message = str(ExposedPortsWarning.about(tasks, "engines from elsewhere", "close the ports"))
+    warning = ExposedPortsWarning.about(tasks, "engines from elsewhere", "close the ports")
+    message = warning.detail
+    assert "\n" not in str(warning) and "docs/security.md" in str(warning) and "10.66" not in str(warning)
     assert ("worker:0 at 10.66.0.2:2222 (reachable at 10.66.0.2:2222, 192.168.1.5:2222, [fd00::2]:2222); "
             "worker:1 at 10.66.0.3:3333 (reachable at 10.66.0.3:3333, [fe80::1%eth0]:3333), "
             "listening on every interface (engines from elsewhere)") in message
     assert "evaluator" not in message  # it runs no server
-    assert message.endswith("Fix: close the ports (README, Security).")
+    assert message.endswith("Fix: close the ports (docs/security.md).")
     # a task whose host showed no address but loopback keeps the old wording
-    assert "worker:0 at 127.0.0.1:2222, listening" in str(ExposedPortsWarning.about(
-        [task("worker:0", "127.0.0.1:2222")], "isolation='none' was asked for", "x"))
+    assert "worker:0 at 127.0.0.1:2222, listening" in ExposedPortsWarning.about(
+        [task("worker:0", "127.0.0.1:2222")], "isolation='none' was asked for", "x").detail
 
 
 def test_each_task_is_reachable_at_every_address_of_its_host(monkeypatch):

@@ -389,3 +389,24 @@ def test_horovod_ranks_are_not_reachable_from_another_host(attacker, no_leaks):
             "a rank listens in the host's network namespace"
         results, _ = attacker.attack(attacker.targets(ports), "/nonexistent")
     assert results and all("ConnectionRefused" in row["connect"] for row in results), results
+
+
+@pytest.mark.slow  # a kernel and two one-task clusters: ~15 s
+def test_a_kernel_shows_the_exposed_servers_warning_once_and_in_two_lines(no_leaks):
+    """Without a private network every cluster is exposed: the learner reads the warning once per kernel (not at
+    every cluster and restart), as one line of text and the line of code it came from."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    cells = ["import kit\nwith kit.TFCluster(workers=1, isolation='none') as cluster:\n    pass",
+             "with kit.TFCluster(workers=1, isolation='none') as cluster:\n    cluster.restart()\n"
+             "    print(cluster.describe().columns.tolist())"]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    NotebookClient(notebook, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(REPO)}},
+                   ).execute()
+    stderr = ["".join(o["text"] for o in c.outputs if o.get("name") == "stderr") for c in notebook.cells]
+    assert "ExposedPortsWarning" in stderr[0] and len(stderr[0].strip().splitlines()) <= 2, stderr[0]
+    assert "docs/security.md" in stderr[0] and "cluster.describe()" in stderr[0], stderr[0]
+    assert "ExposedPortsWarning" not in stderr[1], f"the second cluster warned again: {stderr[1]}"
+    stdout = "".join(o.get("text", "") for o in notebook.cells[1].outputs if o.get("name") == "stdout")
+    assert "reachable_at" in stdout and "listens_on" in stdout, f"describe() lacks the detail: {stdout}"

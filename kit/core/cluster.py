@@ -306,8 +306,17 @@ class TFCluster:
         self.state = State(Phase.STALE, reason, tuple(tasks))
 
     def _warn_exposed(self) -> None:
-        warnings.warn(ExposedPortsWarning.about(self.tasks, self.exposed_because, self._engines.exposed_fix),
-                      stacklevel=_caller_outside_kit())
+        warning = ExposedPortsWarning.about(self.tasks, self.exposed_because, self._engines.exposed_fix)
+        self.log.info(warning.detail)
+        if str(warning) not in EXPOSED_SHOWN:
+            EXPOSED_SHOWN.add(str(warning))
+            warnings.warn(warning, stacklevel=_caller_outside_kit())
+
+
+#: The ExposedPortsWarnings this process has shown: a kernel shows each once, not at every cluster and restart
+#: (Python's "once" action cannot do it: its registry is cleared whenever any code changes the warning filters,
+#: as catch_warnings does); the text names no address, the detail goes to the ``kit`` log. Clear it to see them again.
+EXPOSED_SHOWN: set[str] = set()
 
 
 def _caller_outside_kit() -> int:

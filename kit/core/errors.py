@@ -136,18 +136,25 @@ def first_line(error: BaseException | str, limit: int | None = None) -> str:
 
 class ExposedPortsWarning(UserWarning):
     """A cluster's TensorFlow servers can be reached from other hosts (they accept any op from anyone
-    who connects); the message names every address of every task and what to do (README, Security)."""
+    who connects). Its text is one line, the same for every cluster of a kind, so a notebook shows it once
+    per kernel (:mod:`kit.core.cluster` files it under Python's "once" action); ``detail`` names every
+    address of every task and what to do (also in ``cluster.describe()``: ``listens_on``, ``reachable_at``)."""
+
+    detail = ""
 
     @classmethod
     def about(cls, tasks: list, because: str, fix: str) -> "ExposedPortsWarning":
-        """The warning for ``tasks`` (``cluster.tasks``): each server's address in TF_CONFIG and every
-        address it can be reached at (``reachable_at``: it binds every interface of its host)."""
+        """The warning for ``tasks`` (``cluster.tasks``); its ``detail``: each server's address in TF_CONFIG and
+        every address it can be reached at (``reachable_at``: it binds every interface of its host)."""
         servers = [f"{t.name} at {t.address}" + (f" (reachable at {', '.join(t.reachable_at)})" if t.reachable_at
                                                  else "") for t in tasks if t.address]
-        return cls(f"The TensorFlow servers of this cluster can be reached from other hosts: {'; '.join(servers)}, "
-                   f"listening on every interface ({because}). They have no authentication: anyone who can "
-                   "connect can read and write files as this user while the cluster runs. "
-                   f"{_FIX}{fix} (README, Security).")
+        warning = cls(f"other hosts can reach this cluster's TensorFlow servers, which have no authentication "
+                      f"({because}): cluster.describe() lists their addresses, docs/security.md what to do.")
+        warning.detail = (f"The TensorFlow servers of this cluster can be reached from other hosts: "
+                          f"{'; '.join(servers)}, listening on every interface ({because}). They have no "
+                          "authentication: anyone who can connect can read and write files as this user while "
+                          f"the cluster runs. {_FIX}{fix} (docs/security.md).")
+        return warning
 
 
 class MemoryLimitWarning(UserWarning):
