@@ -445,6 +445,22 @@ def test_local_engines_are_forked_by_one_zygote_and_share_its_tensorflow(make_cl
     assert max(forked.values()) < alone / 2, (forked, alone)  # measured: 57 MiB against 248
 
 
+@pytest.mark.slow  # one cluster: ~5 s
+def test_not_on_linux_a_cluster_starts_plain_without_zygote_or_namespace(monkeypatch, make_cluster):
+    """On macOS a fork without exec after TensorFlow's import is unsafe, and network namespaces are Linux only:
+    with the platform faked, the engines start as plain processes (each imports TensorFlow itself) on the host's
+    network, with the one-line warning, and train."""
+    monkeypatch.setattr(sys, "platform", "darwin")
+    with pytest.warns(ExposedPortsWarning, match="Linux only"):
+        cluster = make_cluster(workers=2)
+    assert [" ".join(psutil.Process(t.pid).cmdline()[1:3]) for t in cluster.tasks] == ["-m kit.core._boot"] * 2
+    assert all(psutil.Process(t.pid).parent().pid == psutil.Process(cluster.tasks[0].pid).parent().pid
+               for t in cluster.tasks)
+    assert not [p for p in kit_processes(os.getpid()) if "kit.core._zygote" in " ".join(p.cmdline())]
+    assert {os.readlink(f"/proc/{t.pid}/ns/net") for t in cluster.tasks} == {os.readlink("/proc/self/ns/net")}
+    assert cluster.run(lambda: __import__("tensorflow").reduce_sum([1.0, 2.0]).numpy().item()) == [3.0, 3.0]
+
+
 def test_a_zygote_that_cannot_start_or_fork_is_a_clear_error(tmp_path):
     """What the zygote said reaches the error, with the way around it (preload=False); no process is left."""
     from kit.core import _zygote

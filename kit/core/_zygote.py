@@ -57,6 +57,13 @@ STARTUP_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAFEPATH"
                 "MALLOC_ARENA_MAX", "KIT_TFDATA_AUTOTUNE")
 
 
+def can_fork() -> bool:
+    """Whether engines may be forked from a process that imported TensorFlow: on Linux only. On macOS a fork
+    without exec after such an import is unsafe (the Objective-C runtime and Accelerate refuse to run in the
+    child), and elsewhere it is untested: there every engine imports TensorFlow itself (in the background)."""
+    return sys.platform.startswith("linux")
+
+
 def same_start(environments: Iterable[dict[str, str]]) -> bool:
     """Whether processes launched with these environments (over this process's) would start alike."""
     seen = {tuple({**os.environ, **env}.get(name) for name in STARTUP_VARS) for env in environments}

@@ -125,10 +125,11 @@ class LocalEngines(Engines):
             networks = {name: shared for name in names}
         # ClusterOptions.preload (not with tf_logs="all": TensorFlow's start-up lines would go to the engine's log, not
         # the run): forked by one zygote that imported TensorFlow (docs/performance.md, change 24), unless the tasks
-        # start differently, each has its own network (link=) or there is one: then each imports it in the background
+        # start differently, each has its own network (link=) or there is one, or this is not Linux (_zygote.can_fork):
+        # then each imports it in the background
         preload: dict[str, str] = {}
         if self.options.preload and self.options.tf_logs == "quiet":
-            forked = len(names) > 1 and self.options.link is None and _zygote.same_start(map(environments.get, names))
+            forked = _zygote.can_fork() and len(names) > 1 and self.options.link is None and _zygote.same_start(map(environments.get, names))
             preload = ({_zygote.ZYGOTE_VAR: self._zygote(environments[names[0]], lifeline, networks[names[0]])}
                        if forked else {_remote.PRELOAD_VAR: "tensorflow"})
         for name in names:
