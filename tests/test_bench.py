@@ -138,3 +138,26 @@ def test_the_slurm_section_times_both_kinds_and_leaves_nothing_running():
     assert os.environ.get("SLURM_CONF") == conf  # the Slurm runs' environment is this process's again
     assert emulated_namespaces() == namespaces
     assert not kit_processes(os.getpid()), describe(kit_processes(os.getpid()))
+
+
+def test_the_ceiling_row_reports_each_two_worker_variant_as_a_share_of_two_processes_alone():
+    shown = report()
+    shown["throughput"][64]["examples_per_second"]["2 alone"] = 7200.0
+    shown["throughput"][64]["of_ceiling"] = {"2 workers": 0.25, "2 workers tuned": 2400.0 / 7200.0}
+    text = format_report(shown)
+    assert "2 alone" in text.splitlines()[0]
+    assert "64/worker, share of the ceiling (2 alone: two processes, no all-reduce): 2 workers 0.25, " \
+           "2 workers tuned 0.33" in text
+
+
+@pytest.mark.slow  # a two-task cluster and two plain processes: ~40 s
+def test_the_ceiling_sums_two_processes_and_the_plain_launch_keeps_tensorflows_lines_out_of_the_output(capfd):
+    from kit.tools import bench, launch_bench
+
+    row = bench.measure_ceiling(32, epochs=2, steps=5)
+    assert row["examples_per_second"] > 0 and row["keras"]
+    marks = launch_bench.plain_launch(workers=2, epochs=1, steps_per_epoch=3)
+    assert len(marks) == 2 and all(m["first_step"] > 0 for m in marks)
+    out, err = capfd.readouterr()
+    noise = [line for line in (out + err).splitlines() if "cuInit" in line or "oneDNN" in line or "cpu_feature" in line]
+    assert not noise, noise

@@ -38,8 +38,12 @@ GOALS = {
 }
 #: Every variant the throughput section can measure, in the order of the table; "fastest" is the best
 #: two-worker one. Efficiency = a two-worker variant's examples/s ÷ the best single process's.
-VARIANTS = ("tf-keras single", "keras3 single", "2 workers", "2 workers tuned", "2 Horovod", "2 Horovod tuned",
-            "2 Horovod fp16")
+VARIANTS = ("tf-keras single", "keras3 single", "2 alone", "2 workers", "2 workers tuned", "2 Horovod",
+            "2 Horovod tuned", "2 Horovod fp16")
+#: The ceiling: two processes that each train the model on their own data on the same cores, with no all-reduce
+#: (the sum of their examples/s). A two-worker variant's share of it says what the all-reduce costs, apart from
+#: what two processes can do on these cores at all.
+CEILING = "2 alone"
 #: variant → the key of its efficiency in a report row
 EFFICIENCY_KEYS = {"2 workers": "efficiency", "2 workers tuned": "efficiency_tuned",
                    "2 Horovod": "efficiency_horovod", "2 Horovod tuned": "efficiency_horovod_tuned",
@@ -91,7 +95,7 @@ TUNED = {"gradient_compression": "fp16", "steps_per_execution": 10}
 
 def measure_throughput(workers: int, keras: str, per_worker_batch: int, epochs: int, steps: int,
                        memory: bool = False, **training: Any) -> dict[str, Any]:
-    """Steady-state examples/s of the seeds' model: one process (``workers=1``, the global batch
+    """Steady-state examples/s of the tutorial's CNN: one process (``workers=1``, the global batch
     of two workers) or ``workers`` MultiWorkerMirroredStrategy tasks; ``training`` goes to
     :func:`kit.train.fit.train_mnist` (e.g. :data:`TUNED`)."""
     from ..core.cluster import TFCluster
@@ -113,9 +117,21 @@ def measure_throughput(workers: int, keras: str, per_worker_batch: int, epochs: 
     return row
 
 
+def measure_ceiling(per_worker_batch: int, epochs: int, steps: int) -> dict[str, Any]:
+    """:data:`CEILING`: two tasks that each train at ``per_worker_batch`` with the default strategy (no
+    collectives), at the same time; their examples/s summed."""
+    from ..core.cluster import TFCluster
+    from ..train.fit import train_mnist
+
+    with TFCluster(workers=2) as cluster:
+        results = cluster.with_options(stream=False).run(train_mnist, per_worker_batch=per_worker_batch, epochs=epochs,
+                                                         steps_per_epoch=steps, strategy="default", verbose=0)
+    return {"examples_per_second": sum(r["examples_per_second"] for r in results), "keras": results[0]["keras"]}
+
+
 def measure_horovod_throughput(per_worker_batch: int, epochs: int, steps: int,
                                **training: Any) -> dict[str, Any]:
-    """Steady-state examples/s of the seeds' model on two Horovod ranks (Gloo), the seeds' recipe
+    """Steady-state examples/s of the tutorial's CNN on two Horovod ranks (Gloo), Horovod's Keras recipe
     (:func:`kit.train.horovod_fit.train_mnist`), at the same per-worker batch as the MWMS variants."""
     from ..core.horovod import HorovodCluster
     from ..train.horovod_fit import train_mnist
@@ -133,6 +149,8 @@ def measure_variant(variant: str, batch: int, epochs: int, steps: int, memory: b
         return measure_throughput(1, "tf-keras", batch, epochs, steps)
     if variant == "keras3 single":
         return measure_throughput(1, "keras3", batch, epochs, steps)
+    if variant == CEILING:
+        return measure_ceiling(batch, epochs, steps)
     if variant == "2 workers":
         return measure_throughput(2, "tf-keras", batch, epochs, steps, memory=memory)
     if variant == "2 workers tuned":
@@ -225,6 +243,8 @@ def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int
             for variant, key in EFFICIENCY_KEYS.items():
                 if variant in medians:
                     efficiency[batch][key] = medians[variant] / reference
+        if CEILING in medians:
+            efficiency[batch]["of_ceiling"] = {v: medians[v] / medians[CEILING] for v in EFFICIENCY_KEYS if v in medians}
         if memory:
             report["memory"] = {"uss_worker_mb": statistics.median(m["uss_worker_mb"] for m in memory),
                                 "pss_total_mb": statistics.median(m["pss_total_mb"] for m in memory),
@@ -309,9 +329,13 @@ def format_report(report: dict[str, Any]) -> str:
                 key = EFFICIENCY_KEYS[variant]
                 cells.append(f"{row[key]:>10.2f}" if key in row else f"{'-':>10}")
         lines.append(" | ".join(cells))
-    lines.append("(tuned: " + ", ".join(f"{k}={v}" for k, v in TUNED.items()) + "; Horovod: the seeds' "
+    for batch, row in report.get("throughput", {}).items():
+        if row.get("of_ceiling"):
+            lines.append(f"{batch}/worker, share of the ceiling ({CEILING}: two processes, no all-reduce): " +
+                         ", ".join(f"{v} {share:.2f}" for v, share in row["of_ceiling"].items()))
+    lines.append("(tuned: " + ", ".join(f"{k}={v}" for k, v in TUNED.items()) + "; Horovod: Horovod's Keras "
                  "recipe, kit.train.horovod_fit.train_mnist, Gloo; Horovod tuned: steps_per_execution=10; "
-                 "fp16: hvd.Compression.fp16)")
+                 "fp16: hvd.Compression.fp16; " + CEILING + ": two processes training alone at the same time, summed)")
     lines.append("")
     for key, goal in report.get("goals", {}).items():
         lines.append(f"{key:<21} {goal['value']:>10.2f}  goal {goal['target']:<8} "

@@ -21,7 +21,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from ..core.errors import KitError
@@ -72,17 +74,23 @@ def plain_launch(workers: int = 2, **kwargs: Any) -> list[dict[str, float]]:
     ports = [tfconfig.free_port() for _ in range(workers)]  # free here; the new namespace has none in use
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     options = ClusterOptions(workers=workers)  # the environment the kit gives its tasks (threads, Keras, arenas)
-    with PlainProcesses() as plain:
+    # each worker's stderr (TensorFlow's C++ start-up lines: oneDNN, cuInit) goes to its log, not the bench's output
+    with PlainProcesses() as plain, tempfile.TemporaryDirectory(prefix="kit-launch-bench-") as logs:
         launched = time.time()
-        procs = [plain.popen(["kit.tools.launch_bench", "--worker"], stdout=subprocess.PIPE, text=True, env={
-            **roles.task_environment(options, f"worker:{i}"),
-            "TF_CONFIG": tfconfig.dumps(tfconfig.build(cluster, f"worker:{i}")),
-            "KIT_PROBE_ARGS": json.dumps(kwargs)}) for i in range(workers)]
+        procs = []
+        for i in range(workers):
+            with open(Path(logs) / f"worker-{i}.log", "w") as log:
+                procs.append(plain.popen(["kit.tools.launch_bench", "--worker"], stdout=subprocess.PIPE,
+                                         stderr=log, text=True, env={
+                                             **roles.task_environment(options, f"worker:{i}"),
+                                             "TF_CONFIG": tfconfig.dumps(tfconfig.build(cluster, f"worker:{i}")),
+                                             "KIT_PROBE_ARGS": json.dumps(kwargs)}))
         results = []
         for i, proc in enumerate(procs):
             out, _ = proc.communicate(timeout=600)
             if proc.returncode != 0:
-                raise KitError(f"plain worker:{i} exited with {proc.returncode}",
+                tail = "".join((Path(logs) / f"worker-{i}.log").read_text(errors="replace").splitlines(True)[-20:])
+                raise KitError(f"plain worker:{i} exited with {proc.returncode}; the end of its log:\n{tail}",
                                fix="run it alone: python -m kit.tools.launch_bench --worker, with TF_CONFIG set")
             results.append(json.loads(out.strip().splitlines()[-1]))
     return [_since(launched, r["marks"]) for r in results]
