@@ -209,7 +209,7 @@ print(json.dumps({
 """
 
 
-@pytest.mark.slow  # builds and installs a wheel: about 10 s, more when pip fetches setuptools
+@pytest.mark.slow  # builds and installs a wheel, runs a copied lesson: about 30 s, more when pip fetches setuptools
 def test_a_wheel_installed_elsewhere_finds_mnist_the_notebooks_and_its_commands(tmp_path):
     # The build runs on a copy: pip builds in the source folder, and its build/ and *.egg-info must
     # not land in the checkout (nor collide with another run of this test).
@@ -218,7 +218,7 @@ def test_a_wheel_installed_elsewhere_finds_mnist_the_notebooks_and_its_commands(
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(REPO / name, source / name)
-    for name in ("kit", "notebooks"):
+    for name in ("kit", "notebooks", "docs"):
         shutil.copytree(REPO / name, source / name, ignore=skip)
     wheels, target, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -241,11 +241,11 @@ def test_a_wheel_installed_elsewhere_finds_mnist_the_notebooks_and_its_commands(
     installed = subprocess.run(pip + ["install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                                capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stdout + installed.stderr
-    env = {**os.environ, "PYTHONPATH": str(target)}
+    env = {**os.environ, "PYTHONPATH": str(target), "KIT_VIEW": "text"}
     env.pop("KIT_DATA_DIR", None)
 
     def run(*command):
-        return subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
 
     checked = run(sys.executable, "-c", INSTALLED_CHECK)
     assert checked.returncode == 0, checked.stdout + checked.stderr
@@ -257,6 +257,18 @@ def test_a_wheel_installed_elsewhere_finds_mnist_the_notebooks_and_its_commands(
     assert found["copy"][0] == 0, found["copy"][1]
     assert {p.name for p in NOTEBOOKS} | {"README.md", "figures/01-data-parallel.svg",
                                           "trials/scaling-trial.ipynb"} <= set(found["copied"])
+    # the copy carries what its lessons link to (notebook 11's profiles), and what `kit notebooks` printed runs
+    lessons = elsewhere / "lessons"
+    linked = {m for p in lessons.glob("*.ipynb") for m in re.findall(r"\]\(((?:\.\./)?docs/[^)\s#]+)\)", p.read_text())}
+    assert not [p.name for p in lessons.glob("*.ipynb") if "../docs/" in p.read_text()]
+    assert all((lessons / link).exists() for link in linked), sorted(linked)
+    assert (lessons / "docs" / "profiles" / "slurm" / "ipcluster_config.py").is_file()
+    command = found["copy"][1].strip().splitlines()[-1].removeprefix("open them with: ").split()
+    assert command[:2] == ["jupyter", "lab"] and Path(sys.executable).with_name("jupyter-lab").exists(), command
+    # a copied lesson runs from there, with the installed kit, as a learner would run it (papermill)
+    ran = run(sys.executable, "-m", "papermill", "--cwd", str(lessons), "-k", "python3", "--no-progress-bar",
+              str(lessons / "00-tf-config-and-clusters.ipynb"), str(elsewhere / "00-run.ipynb"))
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     for command in ([str(target / "bin" / "kit"), "--help"], [sys.executable, "-m", "kit.tools.cli", "--help"]):
         shown = run(*command)
         assert shown.returncode == 0, shown.stdout + shown.stderr
@@ -276,3 +288,14 @@ def test_the_environment_can_build_the_kit_without_build_isolation():
     assert requirement.specifier.contains(version("setuptools")), (
         f"setuptools {version('setuptools')} here; pyproject.toml's build-system requires {requirement}. "
         "Fix: make (it installs it), or pip install 'setuptools>=77,<85'")
+
+
+def test_kit_notebooks_prints_the_install_that_adds_jupyterlab_where_it_is_missing(tmp_path, monkeypatch, capsys):
+    from kit.tools import cli
+
+    real = cli.importlib.util.find_spec
+    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None if name == "jupyterlab" else real(name))
+    assert cli.main(["notebooks", str(tmp_path / "lessons")]) == 0
+    printed = capsys.readouterr().out
+    assert "pip install 'jupyterlab==4.6.6'" in printed and printed.rstrip().endswith(f"jupyter lab {tmp_path / 'lessons'}")
+    assert not [p.name for p in (tmp_path / "lessons").glob("*.ipynb") if "../docs/" in p.read_text()]

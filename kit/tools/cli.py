@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import re
 import shlex
 import shutil
 import sys
-from importlib import resources
 from pathlib import Path
 
 from ..core import tfconfig
@@ -127,9 +127,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     summary = results.read_results(out / "demo-results.json")
     print()
     print(format_table(summary["rows"]))
-    print(f"\nworkers' losses agree: {summary['workers_agree']}")
+    agree = summary["workers_agree"]  # None: one worker, no other to agree with
+    print(f"\nworkers' losses agree: {'one worker, nothing to compare' if agree is None else agree}")
     print(f"notebook: {output}\nloss curves: {out / 'loss-curves.png'}\nlog: {log_file}")
-    return 0 if summary["workers_agree"] else 1
+    return 1 if agree is False else 0
 
 
 class SectionEcho(logging.Handler):
@@ -172,11 +173,49 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
     for name in files:
         (target / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source / name, target / name)
+    docs = carry_docs(target, [target / name for name in files if name.suffix == ".ipynb"])
     lessons = sum(1 for name in files if name.parent == Path(".") and name.suffix == ".ipynb")
-    print(f"kit notebooks: copied {lessons} lessons and {len(files) - lessons} other files "
-          f"(figures, index, trial notebook) from {source} to {target}\n"
-          f"open them with: jupyter lab {shlex.quote(str(target))}")
+    print(f"kit notebooks: copied {lessons} lessons and {len(files) - lessons + len(docs)} other files "
+          f"(figures, index, trial notebooks, the docs they link to) from {source} to {target}")
+    if importlib.util.find_spec("jupyterlab") is None:
+        print("JupyterLab is not installed here; install it, then open them:\n"
+              f"  {shlex.quote(sys.executable)} -m pip install 'jupyterlab==4.6.6'")
+    print(f"open them with: jupyter lab {shlex.quote(str(target))}")
     return 0
+
+
+#: A lesson's link into the repository's docs/ (a page, a profile folder), seen from the notebooks' folder.
+DOCS_LINK = re.compile(r"\.\./docs/([\w./-]*\w)")
+
+
+def docs_dir() -> Path:
+    """The repository's docs/: ``kit/docs`` in an installed wheel (package data), else the checkout's."""
+    installed = Path(__file__).resolve().parents[1] / "docs"
+    return installed if (installed / "security.md").is_file() else Path(__file__).resolve().parents[2] / "docs"
+
+
+def carry_docs(target: Path, notebooks: list[Path]) -> list[Path]:
+    """Make the copied ``notebooks``' links into ``../docs/`` point into ``target/docs/`` and copy what they name
+    there (a page, or a folder such as notebook 11's profiles): the copy then has everything it references."""
+    source, copied = docs_dir(), []
+    for notebook in notebooks:
+        text = notebook.read_text()
+        for relative in sorted(set(DOCS_LINK.findall(text))):
+            origin, destination = source / relative, target / "docs" / relative
+            if origin.is_dir():
+                shutil.copytree(origin, destination, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("__pycache__", "__init__.py"))
+                copied += [p for p in destination.rglob("*") if p.is_file()]
+            elif origin.is_file():
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(origin, destination)
+                copied.append(destination)
+            else:
+                raise KitError(f"{notebook.name} links to ../docs/{relative}, which is not in {source}. Fix: "
+                               "reinstall the kit, or correct the link in the lesson")
+        if DOCS_LINK.search(text):
+            notebook.write_text(DOCS_LINK.sub(lambda m: f"docs/{m.group(1)}", text))
+    return sorted(set(copied))
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -216,13 +255,31 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def format_table(rows: list[dict]) -> str:
-    """A fixed-width text table of the demo's per-task rows."""
-    header = f"{'run':<14}{'task':<10}{'final loss':>11}{'accuracy':>10}{'examples/s':>12}{'wall s':>8}"
+    """A fixed-width text table of the demo's per-task rows (a value not measured shows as "-")."""
+    def number(value: float | None, width: int, digits: int) -> str:
+        return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+    header = f"{'run':<16}{'task':<10}{'final loss':>11}{'accuracy':>10}{'examples/s':>12}{'wall s':>8}"
     lines = [header, "-" * len(header)]
     for r in rows:
-        lines.append(f"{r['run']:<14}{r['task']:<10}{r['loss']:>11.4f}{r['accuracy']:>10.4f}"
-                     f"{r['examples_per_second']:>12.0f}{r['wall_seconds']:>8.1f}")
+        lines.append(f"{r['run']:<16}{r['task']:<10}{number(r['loss'], 11, 4)}{number(r['accuracy'], 10, 4)}"
+                     f"{number(r['examples_per_second'], 12, 0)}{number(r['wall_seconds'], 8, 1)}")
     return "\n".join(lines)
+
+
+def at_least_one(option: str, example: int):
+    """An argparse type for ``option``: a whole number of at least 1; anything else is refused before the demo
+    starts, with the fix (the demo would otherwise start clusters and fail in the notebook)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < 1:
+            raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}. "
+                                             f"Fix: e.g. {option} {example}")
+        return value
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -245,14 +302,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "only --task), each after a comment naming the task")
     p.set_defaults(func=cmd_tfconfig)
 
-    p = sub.add_parser("demo", help="train the seeds' MNIST example on 1 and on N workers",
-                       description="Runs notebooks/01-single-vs-multi-worker.ipynb with papermill: "
-                                   "one worker, then MultiWorkerMirroredStrategy on N workers; "
-                                   "prints a table and writes the notebook and a loss plot.")
-    p.add_argument("--workers", type=int, default=2, help="workers in the distributed run (default 2)")
-    p.add_argument("--per-worker-batch", type=int, default=64, help="batch per worker (default 64)")
-    p.add_argument("--epochs", type=int, default=3, help="epochs (default 3)")
-    p.add_argument("--steps-per-epoch", type=int, default=70, help="steps per epoch (default 70)")
+    p = sub.add_parser("demo", help="train TensorFlow's tutorial 'Multi-worker training with Keras' on 1 and on N "
+                                    "workers",
+                       description="Runs notebooks/01-single-vs-multi-worker.ipynb (the code of TensorFlow's "
+                                   "tutorial 'Multi-worker training with Keras') with papermill: one worker, then "
+                                   "MultiWorkerMirroredStrategy on N workers; prints a table and writes the "
+                                   "notebook and a loss plot. Every value runs: with one epoch, the notebook "
+                                   "checks what one epoch can show and says so.")
+    p.add_argument("--workers", type=at_least_one("--workers", 2), default=2,
+                   help="workers in the distributed run (default 2; 1 runs it on one worker)")
+    p.add_argument("--per-worker-batch", type=at_least_one("--per-worker-batch", 64), default=64,
+                   help="batch per worker (default 64)")
+    p.add_argument("--epochs", type=at_least_one("--epochs", 3), default=3, help="epochs (default 3)")
+    p.add_argument("--steps-per-epoch", type=at_least_one("--steps-per-epoch", 70), default=70,
+                   help="steps per epoch (default 70)")
     p.add_argument("--out", default="out", help="output folder (default ./out)")
     p.add_argument("--verbose", action="store_true",
                    help="echo every cell and its output (papermill's log; always written to OUT/demo.log)")
