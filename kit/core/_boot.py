@@ -49,6 +49,10 @@ def run_forked(argv: list[str]) -> None:
 
 
 def _run(argv: list[str]) -> None:
+    # ipykernel's streams capture file descriptors 1 and 2 (TensorFlow's C++ lines, and the Python log lines of a
+    # TensorFlow imported before those streams existed, as the zygote's is) unless PYTEST_CURRENT_TEST is set: an
+    # engine inherits it from a kernel that nbval or a test started, and cluster.output then missed those lines
+    os.environ.pop("PYTEST_CURRENT_TEST", None)
     sys.argv = [argv[0], *argv[1:]]
     runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
 
