@@ -123,13 +123,13 @@ class LocalEngines(Engines):
         else:
             shared = self._private_network()
             networks = {name: shared for name in names}
-        # ClusterOptions.preload (not with tf_logs="all": TensorFlow's start-up lines would go to the engine's log, not
-        # the run): forked by one zygote that imported TensorFlow (docs/performance.md, change 24), unless the tasks
-        # start differently, each has its own network (link=) or there is one, or this is not Linux (_zygote.can_fork):
-        # then each imports it in the background
+        # preload (not with tf_logs="all": the start-up lines would go to the engine's log): forked by one zygote that
+        # imported TensorFlow (docs/performance.md, change 24), unless the tasks start differently, each has its own
+        # network (link=), there is one, or this is not Linux (can_fork): then each imports it in the background
         preload: dict[str, str] = {}
         if self.options.preload and self.options.tf_logs == "quiet":
-            forked = _zygote.can_fork() and len(names) > 1 and self.options.link is None and _zygote.same_start(map(environments.get, names))
+            forked = (_zygote.can_fork() and len(names) > 1 and self.options.link is None
+                      and _zygote.same_start(map(environments.get, names)))
             preload = ({_zygote.ZYGOTE_VAR: self._zygote(environments[names[0]], lifeline, networks[names[0]])}
                        if forked else {_remote.PRELOAD_VAR: "tensorflow"})
         for name in names:
@@ -141,9 +141,8 @@ class LocalEngines(Engines):
                 environment={"TMPDIR": tmpdir, **environments[name], _lifeline.LIFELINE_VAR: lifeline,
                              **networks[name], **preload},
                 engine_cmd=[sys.executable, "-m", "kit.core._boot", "ipyparallel.engine"],
-                # no nanny: ipyparallel starts it as one more Python process while the engine registers,
-                # and waits for it; the kit signals its own engines and watches their processes itself
-                # (docs/performance.md, change 17)
+                # no nanny: ipyparallel starts it as one more Python process while the engine registers, and waits
+                # for it; the kit signals its own engines and watches their processes (docs/performance.md, change 17)
                 engine_args=["--IPEngine.enable_nanny=False",
                              f"--IPEngine.wait_for_url_file={self.options.start_timeout:g}"],
             )
