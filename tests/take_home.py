@@ -60,7 +60,11 @@ class Tasks:
     def _start(self, config: dict, args: list[str], env: dict | None) -> subprocess.Popen:
         task = config["task"]
         log = open(self.logs / f"{task['type']}-{task['index']}.log", "ab")
-        environment = {**os.environ, **PLAIN_ENV, **(env or {}), "TF_CONFIG": json.dumps(config)}
+        # a temporary folder of its own: what a SIGKILLed task leaves there (TensorFlow's AutoGraph modules) goes
+        # with the test's folder, not into the machine's /tmp
+        tmpdir = self.logs / f"tmp-{task['type']}-{task['index']}"
+        tmpdir.mkdir(exist_ok=True)
+        environment = {**os.environ, **PLAIN_ENV, **(env or {}), "TF_CONFIG": json.dumps(config), "TMPDIR": str(tmpdir)}
         environment.pop("KIT_TASK", None)
         try:
             return subprocess.Popen([sys.executable, str(self.script), *args], cwd=self.script.parent,

@@ -157,7 +157,7 @@ def test_kit_demo_prints_one_line_per_section_of_the_lesson(tmp_path, capsys):
 
     import nbformat
 
-    from kit.tools.cli import SectionEcho
+    from kit.tools.demo import SectionEcho
 
     notebook = tmp_path / "lesson.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[
@@ -172,3 +172,64 @@ def test_kit_demo_prints_one_line_per_section_of_the_lesson(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert [re.sub(r"^kit demo: +[\d.]+s +", "", line) for line in lines] == ["Step 1: one worker",
                                                                             "Step 2: two workers"]
+
+
+@pytest.mark.parametrize("option, value", [("--workers", "0"), ("--epochs", "0"), ("--steps-per-epoch", "-1"),
+                                           ("--per-worker-batch", "0"), ("--epochs", "one")])
+def test_demo_refuses_a_value_that_cannot_run_before_it_starts_anything(option, value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["demo", option, value, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2, f"expected exit 2 (a usage error), got {info.value.code}: {err}"
+    assert f"argument {option}: must be a whole number of at least 1, got {value!r}. Fix: e.g. {option} " in err, err
+    assert not list(tmp_path.iterdir()), "expected nothing written before the values are checked"
+
+
+@pytest.mark.slow  # papermill runs notebook 01: three clusters, each 5 steps (~1-2 min on 2 cores)
+@pytest.mark.parametrize("workers", [2, 1])
+def test_kit_demo_runs_one_epoch_of_five_steps_and_says_what_it_could_check(workers, tmp_path, capsys, no_leaks):
+    """`kit demo --epochs 1 --steps-per-epoch 5` (and with `--workers 1`) runs to its table: the notebook's checks
+    that need two epochs say what one epoch of 5 steps can show; one worker is not compared with itself."""
+    code = main(["demo", "--workers", str(workers), "--epochs", "1", "--steps-per-epoch", "5",
+                 "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 0, f"expected kit demo to exit 0, it exited {code}:\n{captured.out}\n{captured.err}"
+    lines = captured.out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("run ") and "final loss" in line)
+    rows = [line.split() for line in lines[header + 2:header + 3 + workers]]
+    assert [row[0] for row in rows] == ["single"] + [str(workers)] * workers, f"expected 1 + {workers} rows:\n" + \
+        "\n".join(lines[header:])
+    assert all(float(row[-4]) > 0 for row in rows), f"expected a finite loss in every row: {rows}"
+    agree = "nothing to compare" if workers == 1 else "workers' losses agree: True"
+    assert agree in captured.out, f"expected {agree!r} in the demo's output:\n{captured.out}"
+    executed = json.loads((tmp_path / f"01-single-vs-multi-worker_workers-{workers}.ipynb").read_text())
+    checks = ["".join(o.get("text", "")) for c in executed["cells"] if "check" in c["metadata"].get("tags", [])
+              for o in c.get("outputs", []) if o.get("name") == "stdout"]
+    assert any("one epoch of 5 steps is too few to see it fall" in text for text in checks), checks
+    assert (tmp_path / "loss-curves.png").is_file() and (tmp_path / "take-home" / "main.py").is_file()
+
+
+def test_kit_demo_counts_the_cell_papermill_injects_after_the_parameters(tmp_path, capsys):
+    """papermill numbers its injected-parameters cell too: each heading shows when its own section starts."""
+    import logging
+
+    import nbformat
+
+    from kit.tools.demo import SectionEcho
+
+    notebook = tmp_path / "lesson.ipynb"
+    parameters = nbformat.v4.new_code_cell("N = 1")
+    parameters.metadata["tags"] = ["parameters"]
+    nbformat.write(nbformat.v4.new_notebook(cells=[
+        parameters, nbformat.v4.new_markdown_cell("## Setup"), nbformat.v4.new_code_cell("a = 1"),
+        nbformat.v4.new_markdown_cell("## Step 1: one worker"), nbformat.v4.new_code_cell("b = 2")]), notebook)
+    echo = SectionEcho(notebook, prefix="kit demo: ")
+
+    def executing(number):
+        echo.emit(logging.LogRecord("papermill", logging.INFO, __file__, 0, f"Executing Cell {number:-<40}", (), None))
+
+    for number in (1, 2, 3, 4):  # parameters, injected parameters, "## Setup", its code: Step 1 not yet
+        executing(number)
+    assert [re.sub(r"^kit demo: +[\d.]+s +", "", line) for line in capsys.readouterr().out.splitlines()] == ["Setup"]
+    executing(5)
+    assert capsys.readouterr().out.endswith("Step 1: one worker\n")

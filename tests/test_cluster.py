@@ -456,7 +456,6 @@ def test_not_on_linux_a_cluster_starts_plain_without_zygote_or_namespace(monkeyp
     assert [" ".join(psutil.Process(t.pid).cmdline()[1:3]) for t in cluster.tasks] == ["-m kit.core._boot"] * 2
     assert all(psutil.Process(t.pid).parent().pid == psutil.Process(cluster.tasks[0].pid).parent().pid
                for t in cluster.tasks)
-    assert not [p for p in kit_processes(os.getpid()) if "kit.core._zygote" in " ".join(p.cmdline())]
     assert {os.readlink(f"/proc/{t.pid}/ns/net") for t in cluster.tasks} == {os.readlink("/proc/self/ns/net")}
     assert cluster.run(lambda: __import__("tensorflow").reduce_sum([1.0, 2.0]).numpy().item()) == [3.0, 3.0]
 

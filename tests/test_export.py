@@ -3,7 +3,6 @@ lesson must be (plain TensorFlow, exportable)."""
 
 from __future__ import annotations
 
-import ast
 import json
 import pickle
 import re
@@ -74,3 +73,15 @@ def test_making_a_progress_callback_in_the_kernel_imports_no_tensorflow():
     code = "import sys, pickle, kit; pickle.dumps(kit.Progress(64)); print('tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_an_option_whose_default_is_none_takes_a_number_or_text(tmp_path):
+    lesson = "def train(seed=None, path=None):\n    return {'seed': seed, 'path': path}\n"
+    nb = notebook([(lesson, ["lesson"])], {"call": "train", "arguments": {"seed": "SEED", "path": "PATH"}},
+                  parameters="SEED = None\nPATH = None\n")
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(nb))
+    main = export.export(path, tmp_path / "out")[0]
+    ran = subprocess.run([sys.executable, str(main), "--seed", "1", "--path", "data/mnist.npz"], capture_output=True,
+                         text=True, timeout=60)
+    assert json.loads(ran.stdout.splitlines()[-1]) == {"seed": 1, "path": "data/mnist.npz"}, ran.stderr

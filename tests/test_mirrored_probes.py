@@ -1,39 +1,48 @@
-"""kit.train.mirrored_probes: the engine's kept objects, and the one-row report on a fit."""
-
-import math
+"""kit.train.mirrored_probes.reduction_probe: the step times and the reduction read from TensorFlow's log, measured
+by a callback passed into a plain ``fit``."""
 
 import numpy as np
+import pytest
 
 from kit.train import mirrored_probes
 from kit.train._tf import import_tensorflow
 
 
-def test_kept_makes_once_and_keeps():
-    made = []
-    first = mirrored_probes.kept("test_object", lambda: made.append(1) or object())
-    assert mirrored_probes.kept("test_object", lambda: made.append(1) or object()) is first
-    assert made == [1]
-
-
-def test_fit_report_measures_a_fit_and_reads_the_log():
+def fit(callbacks, log=None):
     tf = import_tensorflow()
+    model = tf.keras.Sequential([tf.keras.Input(shape=(1,)), tf.keras.layers.Dense(1)])
+    model.compile(loss="mse", optimizer="sgd")
 
-    def train(callbacks):
-        model = tf.keras.Sequential([tf.keras.Input(shape=(1,)), tf.keras.layers.Dense(1)])
-        model.compile(loss="mse", optimizer="sgd")
-        tf.get_logger().info("Reduce to /job:localhost/replica:0/task:0/device:CPU:0 then broadcast to ('x',).")
-        return model.fit(np.ones((8, 1)), np.ones((8, 1)), batch_size=2, epochs=1, verbose=0, callbacks=callbacks)
+    class Say(tf.keras.callbacks.Callback):  # a message logged while the step runs, as a strategy logs its reduction
+        def on_train_batch_begin(self, batch, logs=None):
+            if log and batch == 0:
+                tf.get_logger().info(log)
 
-    row = mirrored_probes.fit_report(train)
-    assert row["error"] == "" and row["loss"] >= 0 and row["median_step_ms"] > 0
-    assert row["reduced with (from the log)"] == "reduce to device:CPU:0, then broadcast"
+    return model.fit(np.ones((8, 1)), np.ones((8, 1)), batch_size=2, epochs=1, verbose=0,
+                     callbacks=[*callbacks, Say()])
 
 
-def test_fit_report_keeps_tensorflows_error():
+def test_the_probe_times_the_steps_reads_the_log_and_restores_the_logger():
+    logger = import_tensorflow().get_logger()
+    level, filters = logger.level, list(logger.filters)
+    probe = mirrored_probes.reduction_probe()
+    fit([probe], log="Reduce to /job:localhost/replica:0/task:0/device:CPU:0 then broadcast to ('x',).")
+    assert probe.report[mirrored_probes.STEP_MS] > 0, probe.report
+    assert probe.report[mirrored_probes.REDUCED_WITH] == "reduce to device:CPU:0, then broadcast"
+    assert logger.level == level and logger.filters == filters
+
+
+def test_a_probe_whose_training_failed_is_removed_by_the_next_one():
     tf = import_tensorflow()
+    logger = tf.get_logger()
+    level, filters = logger.level, list(logger.filters)
 
-    def train(callbacks):
-        raise tf.errors.InvalidArgumentError(None, None, "No OpKernel was registered")
+    class Fail(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            raise tf.errors.InvalidArgumentError(None, None, "No OpKernel was registered")
 
-    row = mirrored_probes.fit_report(train)
-    assert row["error"] == "No OpKernel was registered" and math.isnan(row["loss"])
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        fit([mirrored_probes.reduction_probe(), Fail()])
+    assert len(logger.filters) == len(filters) + 1  # on_train_end never came
+    fit([mirrored_probes.reduction_probe()])
+    assert logger.filters == filters and logger.level == level

@@ -1,4 +1,4 @@
-"""kit.train.multiworker: the deadline helper, error first lines, and (slow) the training function on two workers."""
+"""kit.train.multiworker: error first lines, and (slow) the training function on two workers."""
 
 import os
 import time
@@ -7,26 +7,6 @@ import pytest
 
 from kit.core.errors import OptionError, first_line
 from kit.train import multiworker, strategies
-
-
-def test_call_with_deadline_returns_the_value():
-    outcome = multiworker.call_with_deadline(lambda a, b: a + b, 5, 2, b=3)
-    assert outcome["finished"] and outcome["value"] == 5 and outcome["error"] is None
-
-
-def test_call_with_deadline_gives_up_on_a_blocked_call():
-    started = time.perf_counter()
-    outcome = multiworker.call_with_deadline(time.sleep, 0.2, 5)
-    assert not outcome["finished"] and outcome["value"] is None
-    assert 0.15 < time.perf_counter() - started < 2
-
-
-def test_call_with_deadline_reports_an_error():
-    def boom():
-        raise ValueError("broken\nsecond line")
-
-    outcome = multiworker.call_with_deadline(boom, 5)
-    assert outcome["finished"] and outcome["error"] == "ValueError: broken"
 
 
 def test_first_line_drops_tensorflows_function_prefix():

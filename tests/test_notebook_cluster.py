@@ -28,7 +28,8 @@ from kit.tools.experiments import ipc_kernels
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "11-your-own-cluster.ipynb"
 SAVED = REPO / "notebooks" / "results" / "11-your-own-cluster.json"
-CELL_TIMEOUT = 300  # seconds for one cell (the longest, the sbatch job of step 5, took ~25 s here)
+CELL_TIMEOUT = 420  # seconds for one cell: above JOB_TIMEOUT (300 s), the bound of step 5's sbatch job (123 s, and the
+#                    SSH step 110 s, on 2 cores beside other engineers' runs)
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]*-*.ipynb"))
 
 
@@ -58,13 +59,14 @@ def check_saved_run(shown: dict) -> None:
     hosts = sorted(shown["hosts"])
     assert sorted(shown["slurm hostnames"]) == hosts and sorted(shown["ssh hostnames"]) == hosts
     losses = np.array(list(shown["kit losses"].values()))
-    assert losses.shape == (len(hosts), 5), losses.shape
+    assert losses.shape == (len(hosts), shown["parameters"]["EPOCHS"]), losses.shape  # one loss per epoch
     assert np.allclose(losses, losses[0], rtol=1e-6, atol=0), losses  # every worker, every step
     for task, resolver in shown["resolver losses"].items():
         np.testing.assert_allclose(resolver, shown["kit losses"][task], rtol=1e-5)
     assert shown["resolver cluster"] == {"worker": [f"{h}:8888" for h in hosts]}
     assert all(shown["login reaches, before"].values()) and not any(shown["login reaches, after"].values())
     assert shown["queue at the end"][1:] == [], shown["queue at the end"]
+    assert len(shown["slurm warning"]) == 1 and not shown["ssh warning"], "expected the exposed-ports warning once"
     assert shown["made"] and shown["machine"], "the saved run does not say when and where it was made"
 
 
@@ -124,7 +126,7 @@ def test_without_the_cluster_the_notebook_shows_the_saved_run(tmp_path):
     assert not re.search(r"^\[worker:\d\]", text, re.M), "a task printed: something ran on a cluster"
 
 
-@pytest.mark.slow  # the emulated cluster, the kit on Slurm and on SSH, an sbatch job: ~80 s
+@pytest.mark.slow  # the emulated cluster, the kit on Slurm and on SSH, an sbatch job: 480 s beside other runs
 def test_live_the_notebook_trains_on_slurm_and_ssh_and_leaves_nothing(tmp_path):
     problems = sim_cluster.missing()
     if problems:
@@ -145,7 +147,7 @@ def test_live_the_notebook_trains_on_slurm_and_ssh_and_leaves_nothing(tmp_path):
     assert printed(notebook).startswith("live: an emulated cluster of 2 hosts")
     shown = json.loads(record.read_text())
     check_saved_run(shown)
-    assert len(shown["kit losses"]) == 2 and shown["parameters"] == {"HOSTS": 2}
+    assert len(shown["kit losses"]) == 2 and shown["parameters"] == {"HOSTS": 2, "EPOCHS": 3}
     assert not sim_dir.exists(), f"{sim_dir} is still there"
     namespaces_after = set(sim_state.emulated_namespaces())
     assert namespaces_after <= namespaces_before, f"namespaces left: {sorted(namespaces_after - namespaces_before)}"

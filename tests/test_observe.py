@@ -1,24 +1,11 @@
-"""kit.train.observe: the recording callback (on one process, and on two workers) and the timer."""
+"""kit.train.observe: the recording callback (on one process, and on two workers)."""
 
 import os
 
 import numpy as np
 import pytest
 
-from kit.core.errors import OptionError
 from kit.train import observe
-
-
-def test_median_ms_warms_up_once_then_times_each_call():
-    calls = []
-    assert observe.median_ms(lambda: calls.append(1), 3) >= 0.0
-    assert len(calls) == 4  # one warm-up call, then the three timed ones
-
-
-def test_median_ms_refuses_no_repeats():
-    with pytest.raises(OptionError, match="'repeats': 0 is not") as refused:
-        observe.median_ms(lambda: None, 0)
-    assert refused.value.field == "repeats"
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""kit.train.ps helpers of notebook 07: kept objects, the worker's killer, the timeline, step spans."""
+"""kit.train.ps helpers of notebook 07: kept objects, the worker's killer, the timeline, the observing callbacks."""
 
 from __future__ import annotations
 
@@ -45,12 +45,11 @@ def test_killer_hands_its_failure_to_join(tmp_path):
         killer.join(timeout=30)
 
 
-def test_span_and_the_timeline_draw_every_step(tmp_path):
+def test_the_timeline_draws_every_step(tmp_path):
     updates = [{"worker": w, "start": 10.0 + v, "end": 10.5 + v, "staleness": int(v == 2)}
                for v, w in enumerate([0, 1, 0, 1])]
     lost = [{"worker": 0, "start": 1.0, "end": 2.0}, {"worker": 1, "start": 1.5, "end": 2.5}]
     sync = [[{"start": 20.0, "end": 20.9}], [{"start": 20.1, "end": 20.8}]]
-    assert ps.span_seconds(updates) == pytest.approx(3.5)
     fig = plots.async_vs_sync(updates, lost, sync, "worker:1", 1.8, path=tmp_path / "timeline.png")
     top, middle, bottom = fig.axes
     assert (len(top.patches), len(middle.patches), len(bottom.patches)) == (4, 2, 2)
@@ -59,17 +58,22 @@ def test_span_and_the_timeline_draw_every_step(tmp_path):
 
 
 @pytest.mark.slow
-def test_step_times_and_placement_on_a_local_model():
+def test_the_observer_and_the_sidecar_callback_on_a_local_model(monkeypatch):
+    from kit.train import progress
     from kit.train._tf import import_tensorflow
 
     tf = import_tensorflow()
+    published = {}
+    monkeypatch.setattr(progress, "publish", lambda **fields: published.update(fields) or True)
     model = tf.keras.Sequential([tf.keras.layers.InputLayer(input_shape=(3,)), tf.keras.layers.Dense(2, name="d")])
     model.compile(loss="mse", optimizer="sgd")
-    timer = ps.step_times()
-    model.fit(tf.zeros((8, 3)), tf.zeros((8, 2)), batch_size=4, epochs=1, verbose=0, callbacks=[timer])
-    assert len(timer.steps) == 2 and all(s["start"] <= s["end"] for s in timer.steps)
+    model.fit(tf.zeros((8, 3)), tf.zeros((8, 2)), batch_size=4, epochs=2, verbose=0, callbacks=[ps.observer()])
+    assert published["versions"] == [2, 4], f"expected the version after each epoch, got {published['versions']}"
+    rows = {r["variable"]: r for r in published["variables"]}
+    assert {"d.kernel", "d.bias", "optimizer.iterations"} <= set(rows) and rows["d.kernel"]["shape"] == [3, 2], rows
+    model.evaluate(tf.zeros((8, 3)), tf.zeros((8, 2)), batch_size=4, verbose=0, callbacks=[ps.sidecar_evaluations()])
+    (evaluation,) = published["evaluations"]
+    assert evaluation["step"] == 4 and evaluation["loss"] == pytest.approx(0.0), evaluation
     metric = tf.keras.metrics.SparseCategoricalAccuracy()
     rows = {r["variable"]: r for r in ps.placement(model, model.optimizer, metric)}
-    assert {"d.kernel", "d.bias", "optimizer.iterations"} <= set(rows)
-    assert {"sparse_categorical_accuracy.total", "sparse_categorical_accuracy.count"} <= set(rows)
-    assert rows["d.kernel"]["shape"] == [3, 2]
+    assert {"sparse_categorical_accuracy.total", "sparse_categorical_accuracy.count"} <= set(rows), rows

@@ -1,4 +1,4 @@
-"""The watcher: the lesson's training, journaled from outside (kit.train.watch.watcher / watched)."""
+"""The watcher: the lesson's training, journaled from outside (kit.train.watch.watcher / watched / error_journal)."""
 
 from __future__ import annotations
 
@@ -52,3 +52,18 @@ def test_watched_journals_steps_the_first_batch_and_errors(tmp_path):
     with pytest.raises(tf.errors.UnavailableError):
         watch.watched(_train, str(tmp_path), 3, labels, fail=True)
     assert resilience.wait_for_event(tmp_path, "local", "error", timeout=1)["error"] == "UnavailableError"
+
+
+@pytest.mark.slow
+def test_error_journal_journals_the_error_of_a_training_step_and_lets_it_go_on(tmp_path):
+    import numpy as np
+    import tensorflow as tf
+
+    labels = np.array([0, 1, 2, 3, 12, 5, 6, 7], np.int64)  # 12: outside the 10 classes, in the second batch
+    dataset = tf.data.Dataset.from_tensor_slices((np.zeros((8, 4), np.float32), labels)).batch(4)
+    model = tf.keras.Sequential([tf.keras.layers.InputLayer(input_shape=(4,)), tf.keras.layers.Dense(10)])
+    model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer="sgd")
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        model.fit(dataset, epochs=1, callbacks=[watch.error_journal(str(tmp_path))], verbose=0)
+    record = resilience.wait_for_event(tmp_path, "local", "error", timeout=1)
+    assert record["error"] == "InvalidArgumentError", f"expected the step's error journaled, measured {record}"

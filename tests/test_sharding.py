@@ -4,18 +4,20 @@ files and the pure helpers the notebook tabulates and asserts with."""
 import numpy as np
 import pytest
 
+import kit
 from conftest import REPO
 from kit.tools import cells
 from kit.train import sharding
 
-#: Notebook 04's cells tagged "sharding": `read_ids`, `ids_per_step`, `ids_seen`, `with_policy`,
-#: `what_each_worker_sees`, `shard_by_hand` (and `get_strategy`, `parse_id`).
+#: Notebook 04's cells tagged "sharding": `load_mnist`, `write_tfrecords`, `read_ids`, `ids_per_step`, `with_policy`,
+#: `what_each_worker_sees`, `shard_by_hand`, `sharded_ids` (and `parse_id`, `first_line`, `task_name`). Every
+#: function takes the worker's strategy and the global batch as arguments.
 LESSON_04 = REPO / "notebooks" / "04-dataset-sharding.ipynb"
 
 
-def lesson(global_batch=8):
-    """04's tagged cells, run in a namespace of their own with the notebook's parameter GLOBAL_BATCH."""
-    return cells.run_tagged(LESSON_04, "sharding", {"__name__": "__main__", "GLOBAL_BATCH": global_batch})
+def lesson():
+    """04's tagged cells, run in a namespace of their own."""
+    return cells.run_tagged(LESSON_04, "sharding", {"__name__": "__main__"})
 
 
 def small_npz(path, n=12):
@@ -58,6 +60,10 @@ def test_tfrecords_round_trip_ids_images_and_labels(tmp_path):
     files = sharding.write_mnist_tfrecords(tmp_path / "records", 3, 10, path=npz)
     assert [f.rsplit("/", 1)[-1] for f in files] == [f"mnist-0{i}-of-03.tfrecord" for i in range(3)]
     assert [int(i) for i in lesson()["read_ids"](files).as_numpy_iterator()] == list(range(10))  # 04's reader
+    own = lesson()["write_tfrecords"](str(tmp_path / "own"), 3, 10, str(npz))  # 04's own writer: the same records
+    assert [f.rsplit("/", 1)[-1] for f in own] == [f.rsplit("/", 1)[-1] for f in files]
+    assert [list(tf.data.TFRecordDataset(f).as_numpy_iterator()) for f in own] == \
+        [list(tf.data.TFRecordDataset(f).as_numpy_iterator()) for f in files]
     with np.load(npz) as archive:
         for record in tf.data.TFRecordDataset(files).as_numpy_iterator():
             feature = tf.train.Example.FromString(record).features.feature
@@ -99,13 +105,15 @@ def test_policies_on_two_workers(make_cluster, tmp_path):
     cluster = make_cluster(workers=2)
     files = cluster.with_options(tasks=["worker:0"], stream=False).run(sharding.write_mnist_tfrecords,
         str(tmp_path), 4, 16)[0]
-    code = lesson(global_batch=4)
-    seeing, ids_seen = code["what_each_worker_sees"], code["ids_seen"]
-    file_policy = cluster.with_options(stream=False).run(seeing, "FILE", files=files)
+    code, ids_seen = lesson(), sharding.ids_seen
+    seeing = code["what_each_worker_sees"]
+    strategy = kit.OnTask(kit.train.strategies.build_strategy, "multi_worker_mirrored")  # as 04 does: one per process
+    file_policy = cluster.with_options(stream=False).run(seeing, strategy, "FILE", 4, files=files)
     assert [ids_seen(r) for r in file_policy] == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]
     assert [r["worker"] for r in file_policy] == [0, 1] and not any(r["error"] for r in file_policy)
-    off = cluster.with_options(stream=False).run(seeing, "OFF", examples=8)
+    assert [r["task"] for r in file_policy] == ["worker:0", "worker:1"]  # from TF_CONFIG
+    off = cluster.with_options(stream=False).run(seeing, strategy, "OFF", 4, examples=8)
     assert all(ids_seen(r) == list(range(8)) for r in off)
-    manual = cluster.with_options(stream=False).run(code["shard_by_hand"], 8)
+    manual = cluster.with_options(stream=False).run(code["shard_by_hand"], strategy, 8, 4)
     assert [ids_seen(r) for r in manual] == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert manual[1]["input_context"] == {"num_input_pipelines": 2, "input_pipeline_id": 1, "per_replica_batch": 2}

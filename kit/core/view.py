@@ -166,6 +166,25 @@ class _TextOutput:
             print(f"[{name}] {text}", file=sys.stderr if stream == "stderr" else sys.stdout, flush=True)
 
     def draw(self, title: str, rows: list[TaskRow], final: bool) -> None:
+        # at the end of a run (every task done or failed), in a kernel: the table of tasks once, as text for
+        # papermill's and nbval's logs and as the widget's HTML table (render_html) for a page of the
+        # executed notebook (make site); no second table while nothing changed (a timeout fails each task)
+        if final and rows and all(row.state in ("done", "failed") for row in rows):
+            from IPython import get_ipython
+
+            shell = get_ipython()
+            page = render_html(title, rows)
+            if shell is not None and getattr(shell, "kernel", None) is not None and page != getattr(self, "_shown", ""):
+                from IPython.display import display
+
+                self._shown = page
+                width = max(len(row.name) for row in rows)
+                text = "\n".join([title] + [f"{row.name:<{width}}  {row.state:<6}  "
+                                            f"{'' if row.elapsed() is None else f'{row.elapsed():6.1f} s'}  "
+                                            f"{row.summary()}{f'  restarts {row.restarts}' if row.restarts else ''}"
+                                            f"{'  ' + row.note if row.note else ''}".rstrip()
+                                            for row in rows])
+                display({"text/plain": text, "text/html": page}, raw=True)
         if not self.show_lines:
             return
         now = time.monotonic()

@@ -271,7 +271,7 @@ def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int
         slurm_bench.section(report, log, repeats)
         save(report)
     if notebooks and "notebooks" in sections:
-        from .cli import notebooks_dir
+        from .export import notebooks_dir
 
         report["notebooks_s"] = notebook_times(sorted(notebooks_dir().glob("[0-9][0-9]*-*.ipynb")))
         log(f"notebooks: {report['notebooks_s']}")

@@ -1,13 +1,13 @@
 """The custom training loop and ``model.fit`` under any strategy, as the Keras compatibility check runs them.
 
-Notebook 06 teaches the TF guide's loop in its own cells (tagged ``training``: the model, the step with
-``compute_average_loss`` and ``scale_regularization_loss``, evaluation, checkpoints, the loop beside
-``model.fit``); tests/test_custom_loop.py runs those cells (``kit.tools.cells.run_tagged``) to check that loop and
-``fit`` agree. What the benchmark tools need is not that lesson, so it is kept here:
+Notebook 06 teaches the TF guide's loop in its own cells (tagged ``lesson``: the model, the step with
+``compute_average_loss`` and ``scale_regularization_loss``, evaluation, checkpoints, the loop, and ``model.fit``
+as a second function); tests/test_custom_loop.py runs those cells (``kit.tools.cells.run_tagged``) to check that
+loop and ``fit`` agree. What the benchmark tools need is not that lesson, so it is kept here:
 
 - :mod:`kit.tools.compat` trains each mode on its own (:func:`train_loop`, then :func:`train_fit`) under
   every strategy name of :func:`kit.train.strategies.build_strategy`, the default strategy included (06 builds
-  only MirroredStrategy and MultiWorkerMirroredStrategy, and runs loop and fit together, with checkpoints);
+  only MirroredStrategy and MultiWorkerMirroredStrategy, and runs loop and fit as two runs, with checkpoints);
 - :func:`build_model` is the kit's CNN (:func:`kit.train.models.build_and_compile_cnn_model`) with an L2
   penalty, the model of :mod:`kit.train.ps` (compat, tests/test_ps.py) and of :mod:`kit.train.resilience`
   (the fault trials);

@@ -1,64 +1,77 @@
-"""What notebooks 02 and 02b run on their engine besides the lesson's code.
+"""What notebook 02b measures around its lesson's ``fit``, from outside the lesson's function.
 
-- :func:`kept`: an object the engine's process keeps across ``cluster.run`` calls (each shipped
-  function starts with fresh globals, but the process, its modules and TensorFlow's state live on). The
-  notebooks keep the process's one ``MirroredStrategy`` there.
-- :func:`fit_report`: runs a lesson function that calls ``fit`` with a measuring callback passed in, and
-  returns one row: the last loss, the median step time, TensorFlow's error if ``fit`` failed, and how the
-  gradients were reduced, read from TensorFlow's log (:func:`kit.train.mirrored.reduction_summary`).
+:func:`reduction_probe` is a Keras callback the notebook passes in (``callbacks=[kit.OnTask(reduction_probe)]``,
+made on the engine): it times every training step and reads from TensorFlow's log how the gradients were
+reduced (:func:`kit.train.mirrored.reduction_summary`), and at the end of training reports both to the
+notebook, where ``cluster.last_view.measurements()`` returns them.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import sys
-import types
+import logging
+import time
 from statistics import median
-from typing import Any, Callable
+from typing import Any
 
-MODULE = "kit_engine_state"  #: the name of the namespace :func:`kept` keeps objects in
+from .mirrored import reduction_summary
+from .progress import publish
+
+#: The fields :func:`reduction_probe` reports.
+STEP_MS, REDUCED_WITH = "median_step_ms", "reduced with (from the log)"
+#: The log filter and the logger's level before it, of a probe whose training ended with an error
+#: (``on_train_end`` never came): the next probe restores them before it starts.
+_LEFT: list[Any] = []
 
 
-def kept(name: str, make: Callable[[], Any]) -> Any:
-    """The object this process keeps under ``name``: ``make()`` at the first call, the same object after."""
-    state = sys.modules.setdefault(MODULE, types.ModuleType(MODULE))
-    if not hasattr(state, name):
-        setattr(state, name, make())
-    return getattr(state, name)
+def reduction_probe() -> Any:
+    """A Keras callback that reports ``median_step_ms`` (the median wall time of a training step, the first
+    step, which traces the function, left out) and ``reduced with (from the log)`` (what TensorFlow logged
+    when it built the step: "collective all-reduce, RING", "batch all-reduce, hierarchical_copy", ...).
 
-
-def fit_report(train: Callable[..., Any]) -> dict[str, Any]:
-    """Run ``train(callbacks=[probe])`` (it must return ``fit``'s History) and report on it.
-
-    Returns ``loss`` (the last epoch's), ``median_step_ms`` (the first step, which traces the function,
-    left out), ``error`` ("" or the message of the ``InvalidArgumentError`` ``fit`` raised; loss and step
-    time are then NaN) and ``reduced with (from the log)``.
+    While training runs, TensorFlow's logger is at INFO and its INFO messages are collected instead of
+    printed; warnings still print. Everything is restored at ``on_train_end``.
     """
     from ._tf import import_tensorflow
-    from .mirrored import reduction_summary
-    from .probes import captured_tf_log, probe_callback
 
     tf = import_tensorflow()
-    probe = probe_callback()
-    row: dict[str, Any] = {"loss": math.nan, "median_step_ms": math.nan, "error": ""}
-    # On an engine, every import_tensorflow() (the kit's models call it) sets the logger back to
-    # KIT_TF_LOG_LEVEL: keep it at INFO while the log is read.
-    saved = os.environ.get("KIT_TF_LOG_LEVEL")
-    os.environ["KIT_TF_LOG_LEVEL"] = "INFO"
-    try:
-        with captured_tf_log() as log:
-            try:
-                history = train(callbacks=[probe])
-            except tf.errors.InvalidArgumentError as error:
-                row["error"] = error.message
-            else:
-                steps = probe.record["step_seconds"][1:] or probe.record["step_seconds"]
-                row.update(loss=float(history.history["loss"][-1]), median_step_ms=1000 * median(steps))
-    finally:
-        if saved is None:
-            os.environ.pop("KIT_TF_LOG_LEVEL", None)
-        else:
-            os.environ["KIT_TF_LOG_LEVEL"] = saved
-    row["reduced with (from the log)"] = reduction_summary(log)
-    return row
+    logger = tf.get_logger()
+
+    class ReductionProbe(tf.keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.messages: list[str] = []
+            self.step_seconds: list[float] = []
+            self.level = logger.level
+            self.started = 0.0
+
+        def collect(self, record: logging.LogRecord) -> bool:
+            """A logging filter: keep the message, and print only what is above INFO."""
+            self.messages.append(record.getMessage())
+            return record.levelno > logging.INFO
+
+        def on_train_begin(self, logs: dict | None = None) -> None:
+            while _LEFT:
+                left, level = _LEFT.pop()
+                logger.removeFilter(left)
+                logger.setLevel(level)
+            self.level = logger.level
+            logger.setLevel(logging.INFO)
+            logger.addFilter(self.collect)
+            _LEFT.append((self.collect, self.level))
+
+        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+            self.started = time.perf_counter()
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            self.step_seconds.append(time.perf_counter() - self.started)
+
+        def on_train_end(self, logs: dict | None = None) -> None:
+            logger.removeFilter(self.collect)
+            _LEFT[:] = [entry for entry in _LEFT if entry[0] != self.collect]
+            logger.setLevel(self.level)
+            steps = self.step_seconds[1:] or self.step_seconds
+            self.report = {STEP_MS: 1000 * median(steps) if steps else float("nan"),
+                           REDUCED_WITH: reduction_summary(self.messages)}
+            publish(**self.report)
+
+    return ReductionProbe()

@@ -7,46 +7,20 @@ under ``logs/`` and ``ckpt/`` at every epoch end (:func:`kit.train.observe.fit_r
 happened when it saved and restored a ``tf.train.Checkpoint`` outside ``fit`` (:func:`train_with_callbacks`,
 tests/test_multiworker.py). It shares one strategy per process
 (:func:`kit.train.strategies.build_strategy`). The all-reduce's timer is :func:`kit.train.links.time_all_reduce`
-(Horovod's: :func:`kit.train.horovod_fit.time_all_reduce`); notebook 03b times its own in a cell.
+(Horovod's: :func:`kit.train.horovod_fit.time_all_reduce`).
 """
 
 from __future__ import annotations
 
 import os
 import statistics
-import threading
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import progress
 from ._tf import import_tensorflow
 from .strategies import build_strategy
-from ..core.errors import first_line
 from ..core.tfconfig import this_task
-
-
-def call_with_deadline(fn: Callable[..., Any], seconds: float, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """Call ``fn`` in a daemon thread and wait at most ``seconds`` for it.
-
-    Returns ``finished``, ``value`` (its result), ``error`` ("Type: message" if it raised) and
-    ``seconds`` waited. A call still blocked (say, in a collective whose peers never come) is left
-    behind in its thread: the process needs replacing afterwards (``cluster.restart()``).
-    """
-    outcome: dict[str, Any] = {"finished": False, "value": None, "error": None}
-
-    def target() -> None:
-        try:
-            outcome["value"] = fn(*args, **kwargs)
-        except Exception as error:  # reported to the caller, not swallowed
-            outcome["error"] = first_line(error)
-        outcome["finished"] = True
-
-    started = time.perf_counter()
-    thread = threading.Thread(target=target, daemon=True, name=f"deadline-{getattr(fn, '__name__', 'call')}")
-    thread.start()
-    thread.join(seconds)
-    return {**outcome, "seconds": time.perf_counter() - started}
 
 
 def _max_difference(a: list, b: list) -> float:

@@ -1,14 +1,12 @@
-"""Watching a worker's training from outside the lesson's code: a recording callback and a timer.
+"""Watching a worker's training from outside the training function: a recording callback.
 
-The notebooks keep their training functions as a learner writes them (``train(run_dir, callbacks=())``)
-and pass :func:`fit_recorder` in with the callbacks: it records what Keras did on this worker, and
+A training function that takes ``callbacks=()`` gets :func:`fit_recorder` in with its callbacks (the recipe
+:func:`kit.train.multiworker.train_with_callbacks` does): it records what Keras did on this worker, and
 ``recorder.record`` (plain lists, numbers and arrays) goes back to the kernel through ``cluster.run``:
 
     recorder = kit.train.observe.fit_recorder(run_dir, images, watch=("logs", "ckpt"))
     history = train(run_dir, callbacks=[recorder])
     return {"history": history, **recorder.record}
-
-:func:`median_ms` times a call (say, one all-reduce) after a warm-up call.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from typing import Any, Callable, Iterable
 
 from ._tf import import_tensorflow
 from .probes import HOOKS, files_under
-from ..core.errors import OptionError
 from ..core.tfconfig import this_task
 
 #: The model's methods whose calls the recorder lists (ModelCheckpoint calls ``save_weights``).
@@ -128,18 +125,3 @@ def fit_recorder(run_dir: str | os.PathLike, images: Any = None, watch: Iterable
 
     return FitRecorder()
 
-
-def median_ms(fn: Callable[[], Any], repeats: int) -> float:
-    """Median milliseconds of ``fn()`` over ``repeats`` calls, after one warm-up call (which may trace).
-
-    ``fn`` must return when its work is done (e.g. call ``.numpy()`` on a tensor it computes).
-    """
-    if not isinstance(repeats, int) or repeats < 1:
-        raise OptionError("repeats", f"{repeats!r} is not a whole number >= 1", "time at least one call, e.g. repeats=8")
-    fn()
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        seconds.append(time.perf_counter() - started)
-    return 1000 * statistics.median(seconds)

@@ -45,3 +45,13 @@ def peer_watch(strategy) -> dict[str, Any]:
     service = getattr(context.context().coordination_service, "service_type", None)
     return {"coordination service": service,
             "strategy's health check": getattr(strategy.extended, "_enable_check_health", None)}
+
+
+def watched_strategy(build, report) -> Any:
+    """This process's strategy, ``build("multi_worker_mirrored")`` (one per process), after reporting with
+    ``report(**peer_watch(strategy))`` how the process watches its peers. Notebook 04 passes
+    ``kit.OnTask(watched_strategy, kit.train.strategies.build_strategy, kit.train.progress.publish)`` to its
+    lesson's functions, so that ``cluster.last_view.measurements()`` says it without a function of its own."""
+    strategy = build("multi_worker_mirrored")
+    report(**peer_watch(strategy))
+    return strategy

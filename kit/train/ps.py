@@ -276,7 +276,7 @@ def timeline(ps_steps: list[dict[str, Any]], mwms_runs: list[dict[str, Any]],
     return save_figure(fig, path)
 
 
-# ----- helpers for notebook 07: keeping servers and strategies, measuring from outside the lesson's code ---
+# ----- helpers for notebook 07: keeping servers, measuring from outside the lesson's code ---
 #: What :func:`kept` made in this process: {(factory's name, arguments): object}.
 _KEPT: dict[tuple, Any] = {}
 
@@ -284,12 +284,9 @@ _KEPT: dict[tuple, Any] = {}
 def kept(factory: Callable, *args: Any) -> Any:
     """``factory(*args)``, made once per process and arguments; later calls return the same object.
 
-    For what must outlive one ``cluster.run`` call in an engine: a ``tf.distribute.Server`` (a second
-    one on the task's port fails), or the chief's ``ParameterServerStrategy`` (each new one connects
-    the process to the cluster anew, and its ``ClusterCoordinator`` starts threads that stay). The key
-    is the factory's name: after editing the factory, restart the cluster. Each call first collects
-    garbage, so that the previous run's model, whose variables the parameter servers hold until its
-    Python objects are collected on the chief, frees them.
+    For what must outlive one ``cluster.run`` call in an engine, e.g. a ``tf.distribute.Server`` (a second
+    one on the task's port fails; :func:`serve`). The key is the factory's name: after editing the factory,
+    restart the cluster. Each call first collects garbage.
     """
     import gc
 
@@ -309,31 +306,6 @@ def serve(start_server: Callable[[], Any]) -> dict[str, Any]:
             "inter_op_threads": server.server_def.default_session_config.inter_op_parallelism_threads}
 
 
-def with_versions(step_fn: Callable, optimizer: Any) -> Callable:
-    """``step_fn(iterator)`` wrapped in a ``tf.function`` that also says what the step saw.
-
-    The wrapper reads the model version (``optimizer.iterations``) and the clock before the step and
-    after it, and returns ``{"loss": step_fn's result, "worker", "before", "after", "start", "end"}``:
-    ``after - before - 1`` is the number of updates other workers made meanwhile (the staleness of the
-    step's gradient). The lesson's ``step_fn`` stays as written; schedule the wrapper instead.
-    """
-    tf = import_tensorflow()
-
-    @tf.function
-    def measured(iterator):
-        before, start = tf.identity(optimizer.iterations), tf.timestamp()
-        with tf.control_dependencies([before, start]):
-            loss = step_fn(iterator)
-        with tf.control_dependencies([loss]):
-            after = tf.identity(optimizer.iterations)
-        with tf.control_dependencies([after]):
-            end = tf.timestamp()
-        return {"loss": loss, "worker": tf.distribute.coordinator.experimental_get_current_worker_index(),
-                "before": before, "after": after, "start": start, "end": end}
-
-    return measured
-
-
 def placement(model: Any, optimizer: Any = None, metric: Any = None) -> list[dict[str, Any]]:
     """Where a model's variables live (:func:`describe_variables`), plus the optimizer's step counter
     (``optimizer.iterations``) and a metric's variables, each as one row."""
@@ -346,42 +318,44 @@ def placement(model: Any, optimizer: Any = None, metric: Any = None) -> list[dic
     return rows
 
 
-def step_times():
-    """A Keras callback that keeps when each training step began and ended (``.steps``: a list of
-    ``{"start", "end"}``, wall-clock seconds), to pass to ``fit`` from outside the lesson's code."""
+def observer():
+    """A Keras callback for a lesson's ``callbacks=``, epoch-level only (``fit`` under ParameterServerStrategy
+    refuses callbacks with batch-level hooks, as TensorFlow's tutorial "Parameter server training with
+    ParameterServerStrategy" says): the model's version (``optimizer.iterations``, read from the parameter
+    servers) at each epoch's end, and at the end of training where each variable lives (:func:`placement`),
+    to ``cluster.last_view.measurements()`` as ``versions`` and ``variables``."""
     tf = import_tensorflow()
+    from . import progress
 
-    class StepTimes(tf.keras.callbacks.Callback):
+    class Observer(tf.keras.callbacks.Callback):
         def __init__(self) -> None:
             super().__init__()
-            self.steps: list[dict[str, float]] = []
+            self.versions: list[int] = []
 
-        def on_train_batch_begin(self, batch, logs=None):
-            self.steps.append({"start": time.time()})
+        def on_epoch_end(self, epoch, logs=None):
+            self.versions.append(int(self.model.optimizer.iterations.numpy()))
 
-        def on_train_batch_end(self, batch, logs=None):
-            self.steps[-1]["end"] = time.time()
+        def on_train_end(self, logs=None):
+            progress.publish(versions=list(self.versions), variables=placement(self.model, self.model.optimizer))
 
-    return StepTimes()
+    return Observer()
 
 
-def coordinator_facts() -> dict[str, Any]:
-    """On the chief, after a run: which TensorFlow API the strategies :func:`kept` here belong to.
-
-    TensorFlow's version; the kept strategies' class names; whether all are TensorFlow 2's
-    ``tf.distribute.ParameterServerStrategy`` and none the TF1 one; eager execution; and whether
-    ``tf.estimator`` and ``tf.keras.utils.SidecarEvaluator`` exist.
-    """
+def sidecar_evaluations():
+    """A Keras callback for ``tf.keras.utils.SidecarEvaluator(..., callbacks=[...])``: after each evaluation,
+    the training step of the checkpoint it evaluated (``optimizer.iterations``, restored from the checkpoint)
+    and the evaluation's metrics, as ``evaluations`` in ``cluster.last_view.measurements()``."""
     tf = import_tensorflow()
-    strategies = [o for o in _KEPT.values() if isinstance(o, tf.distribute.Strategy)]
-    tf1 = tf.compat.v1.distribute.experimental.ParameterServerStrategy
-    return {"tf_version": tf.__version__, "strategies": [type(s).__name__ for s in strategies],
-            "tf2": bool(strategies) and all(isinstance(s, tf.distribute.ParameterServerStrategy) for s in strategies),
-            "tf1": any(isinstance(s, tf1) for s in strategies), "executing_eagerly": tf.executing_eagerly(),
-            "has_estimator": hasattr(tf, "estimator"),
-            "has_sidecar_evaluator": hasattr(tf.keras.utils, "SidecarEvaluator")}
+    from . import progress
 
+    class Evaluations(tf.keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.evaluations: list[dict[str, float]] = []
 
-def span_seconds(steps: list[dict[str, Any]]) -> float:
-    """Seconds from the first step's start to the last step's end."""
-    return max(s["end"] for s in steps) - min(s["start"] for s in steps)
+        def on_test_end(self, logs=None):
+            metrics = {name: float(value) for name, value in (logs or {}).items()}
+            self.evaluations.append({"step": int(self.model.optimizer.iterations.numpy()), **metrics})
+            progress.publish(evaluations=list(self.evaluations))
+
+    return Evaluations()

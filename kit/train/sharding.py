@@ -3,7 +3,8 @@
 The lesson's TensorFlow code (the id pipelines, the auto-shard policies, ``experimental_distribute_dataset``,
 manual sharding with ``InputContext``) is 04's own cells, tagged ``sharding``; tests/test_sharding.py runs
 those cells on a cluster (``kit.tools.cells.run_tagged``). What is left here is what the lesson does not teach:
-:func:`write_mnist_tfrecords` makes the files (run on one worker), and the pure helpers turn the ids each worker
+:func:`write_mnist_tfrecords` makes the files (the notebook now writes them with its own lesson function,
+``write_tfrecords``; this copy is the tests' reference), and the pure helpers turn the ids each worker
 saw into the notebook's tables, checks and figure. Every example carries its ``id``: its index in MNIST's
 training set.
 """
@@ -65,6 +66,11 @@ def files_of_worker(files: Sequence[str], worker: int, workers: int) -> list[str
 
 
 # ----- looking at the results (pure) ------------------------------------------------------------
+def ids_seen(result: Mapping) -> list[int]:
+    """The ids one worker saw, all steps in order: ``result["steps"]`` (a list of id lists per step) flattened."""
+    return [i for step in result["steps"] for i in step]
+
+
 def compact(ids: Iterable[int]) -> str:
     """Ids as sorted ranges, e.g. ``[0, 1, 2, 5, 7, 8]`` → ``"0-2, 5, 7-8"`` (repeats are dropped)."""
     values = sorted(set(int(i) for i in ids))

@@ -7,6 +7,14 @@ run directory's journal (:class:`kit.train.resilience.Journal`), and feeds the n
 
     def train_watched(run_dir, **training):
         return kit.train.watch.watched(train, run_dir, batch_size=global_batch, **training)
+
+Or, with the lesson's function called as it is, the same callbacks passed in from the notebook (notebook 05)::
+
+    cluster.run(train, backup_dir, ..., callbacks=[kit.OnTask(watcher, run_dir, global_batch),
+                                                   kit.OnTask(error_journal, run_dir)])
+
+:func:`error_journal` journals the error a training step raises (what :func:`watched` does around the whole
+call), and :func:`hold_at_step` holds a task after a step until the notebook kills it from outside.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import time
 from typing import Any
 
 from ..core.errors import KitError
+from ..core.tfconfig import this_task
 from . import progress
 from ._tf import import_tensorflow
 from .resilience import Journal, chief_task, kill_at_step_callback, read_journal, wait_for_step
@@ -112,6 +121,57 @@ def watched(train, run_dir: str, *args: Any, batch_size: int | None = None, kill
     except Exception as error:
         watch.journal.write("error", error=type(error).__name__)
         raise
+
+
+def error_journal(run_dir: str | os.PathLike):
+    """A Keras callback that journals, in ``run_dir``, the error a training step of ``fit`` raises on this task
+    (an ``error`` event with its type, timed on the task), then lets it go on: what a peer sees when another
+    task dies, measured from outside the lesson's code. It wraps the model's ``make_train_function`` (tf-keras
+    calls it once per ``fit``, after the callbacks got the model)."""
+    tf = import_tensorflow()
+    journal = Journal(run_dir)
+
+    class ErrorJournal(tf.keras.callbacks.Callback):
+        wrapped = False
+
+        def set_model(self, model) -> None:
+            super().set_model(model)
+            if self.wrapped:
+                return
+            make = model.make_train_function
+
+            def make_train_function(force=False):
+                step = make(force)
+
+                def journaled(iterator):
+                    try:
+                        return step(iterator)
+                    except Exception as error:
+                        journal.write("error", error=type(error).__name__)
+                        raise
+
+                return journaled
+
+            object.__setattr__(model, "make_train_function", make_train_function)
+            self.wrapped = True
+
+    return ErrorJournal()
+
+
+def hold_at_step(task: str, global_step: int, seconds: float = 120.0):
+    """A Keras callback with which ``task`` waits, right after ``global_step``, to be killed from outside
+    (at most ``seconds``, then it goes on): a kill sent once the step is journaled lands exactly there.
+    Notebook 05 passes it in as ``kit.OnTask(hold_at_step, "worker:1", step)`` and kills the task itself."""
+    import threading
+
+    tf = import_tensorflow()
+
+    class Hold(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if this_task() == task and int(self.model.optimizer.iterations.numpy()) == global_step:
+                threading.Event().wait(seconds)
+
+    return Hold()
 
 
 def first_batches(run_dir: str | os.PathLike, task: str = "worker:0") -> dict[int, list[int]]:
