@@ -4,9 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test exercises unit quick notebooks binder lab bench faults compat horovod clean chromium netns-tools cluster-tools
+.PHONY: demo test exercises unit quick notebooks binder lab bench faults compat horovod clean chromium netns-tools cluster-tools site site-check
 
 LAB_STAMP := $(VENV)/.installed-lab
+SITE_STAMP := $(VENV)/.installed-site
 
 $(STAMP): pyproject.toml tools/horovod_wheel.sh patches/horovod-0.28.1-tf2.21.patch
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +25,10 @@ $(LAB_STAMP): $(STAMP)  # the lab extra for `make lab` (the dev extra has Jupyte
 	$(BIN)/python -m pip install --quiet -e '.[dev,lab]'
 	touch $(LAB_STAMP)
 
+$(SITE_STAMP): $(STAMP)  # the site extra for `make site`: Sphinx, myst-nb, sphinx-book-theme
+	$(BIN)/python -m pip install --quiet -e '.[dev,site]'
+	touch $(SITE_STAMP)
+
 CHROMIUM := /usr/bin/chromium
 
 # Debian's Chromium for tests/test_browser.py (playwright drives it; its own browser download is not
@@ -36,18 +41,20 @@ chromium:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; \
 	fi
 
-demo: $(STAMP)  ## train the seeds' MNIST example on 1 and on 2 workers; writes out/
+demo: $(STAMP)  ## TensorFlow's tutorial "Multi-worker training with Keras" on 1 and on 2 workers; writes out/
 	$(BIN)/kit demo --out out
 
 # the notebooks beside the unit tests, their log printed after them: one after the other left the 2 cores idle
 # about a quarter of the unit tests' time (they wait for engines, queues, SSH logins), and took 20:28 of the
 # 20 minutes (docs/performance.md, change 22)
-test: $(STAMP) chromium netns-tools cluster-tools  ## unit tests beside every notebook under nbval
+# then the site of the notebooks this run executed, each page opened in Chromium (make site-check)
+test: $(STAMP) chromium netns-tools cluster-tools  ## unit tests beside every notebook under nbval, then the site
 	@mkdir -p out; echo "make notebooks runs beside the unit tests; its log (out/notebooks.log) follows them"
 	@$(MAKE) --no-print-directory notebooks >out/notebooks.log 2>&1 & nb=$$!; \
 	$(MAKE) --no-print-directory unit; u=$$?; \
 	wait $$nb; n=$$?; echo "---- make notebooks (out/notebooks.log)"; cat out/notebooks.log; \
-	echo "make unit: exit $$u; make notebooks: exit $$n"; test $$u$$n = 00
+	echo "make unit: exit $$u; make notebooks: exit $$n"; \
+	$(MAKE) --no-print-directory site-check; s=$$?; echo "make site-check: exit $$s"; test $$u$$n$$s = 000
 
 # `ip`, `tc` (iproute2) and `nsenter` (util-linux) for the private network and the emulated links
 # (tests/test_links.py, notebook 10): installed with apt-get as root when `tc` is missing.
@@ -58,21 +65,24 @@ netns-tools:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }; \
 	fi
 
-# Debian's Slurm, munge and OpenSSH server for the emulated cluster (kit sim-cluster; tests/test_slurm_ssh.py), and
-# nftables for its hosts' firewalls (tests/test_slurm_ssh.py): installed with apt-get as root when slurmd or nft is
-# missing. Without root the tests skip and name the command.
+# Debian's Slurm, munge and OpenSSH server for the emulated cluster (kit sim-cluster; tests/test_slurm_ssh.py),
+# nftables for its hosts' firewalls (tests/test_slurm_ssh.py), and acl (setfacl: the unprivileged user of
+# tests/test_unprivileged.py may reach a Python under /root): installed with apt-get as root when slurmd, nft or
+# setfacl is missing. Without root the tests skip and name the command.
 cluster-tools:
-	@if { ! command -v slurmd >/dev/null && [ ! -x /usr/sbin/slurmd ]; } || { ! command -v nft >/dev/null && [ ! -x /usr/sbin/nft ]; } && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "apt-get install slurm-wlm munge openssh-server nftables (for the emulated Slurm and SSH hosts, and their firewalls)"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge openssh-server nftables >/dev/null 2>&1 || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge openssh-server nftables >/dev/null; }; \
+	@if { ! command -v slurmd >/dev/null && [ ! -x /usr/sbin/slurmd ]; } || { ! command -v nft >/dev/null && [ ! -x /usr/sbin/nft ]; } || ! command -v setfacl >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "apt-get install slurm-wlm munge openssh-server nftables acl (for the emulated Slurm and SSH hosts, their firewalls, and the unprivileged user's tests)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge openssh-server nftables acl >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge openssh-server nftables acl >/dev/null; }; \
 	fi
 
 # two pytest-xdist workers: the tests wait more than they compute (a serial run kept the 2 cores about half busy:
 # 16:41 of wall time, 16:22 of CPU), so two at once take less time (tests/conftest.py groups them: one module per
 # worker at a time, the emulated clusters' modules in one group, a temporary folder per worker)
+# (not tests/test_site.py: it reads the site of the notebooks' run, which make test builds after this)
 unit: $(STAMP) chromium netns-tools cluster-tools
-	$(BIN)/python -m pytest tests --ignore=tests/exercises -n 2 --dist loadgroup --durations=25  # the 25 slowest
+	$(BIN)/python -m pytest tests --ignore=tests/exercises --ignore=tests/test_site.py -n 2 --dist loadgroup \
+	  --durations=25  # the 25 slowest
 
 # every exercise that changes only parameters (each notebook's metadata lists them), run with papermill to the
 # end as a learner would in a fresh notebook; its own target, since it takes longer than make test allows
@@ -104,9 +114,12 @@ BINDER_ONE_CPU := notebooks/07-parameter-server.ipynb
 # (the emulated cluster), which do not belong in a memory-limited cgroup; tests/test_notebook_cluster.py runs
 # it, live and from its saved run (its metadata kit.not_on_binder; tests/test_notebook_cluster.py checks both lists).
 NOT_ON_BINDER := --ignore=notebooks/11-your-own-cluster.ipynb
+# Each notebook nbval runs is kept with its outputs in out/executed/ (tools/nbval_executed.py, a pytest plugin:
+# the outputs nbval collected, no second run), for `make site`; the notebooks in notebooks/ stay without outputs.
+EXECUTED := out/executed
 # nbval on every notebook but NOT_ON_BINDER, its kernels started from tools/binder_cgroup.py's kernelspec
 NBVAL_ALL := $(BIN)/python -m pytest --nbval-lax --nbval-kernel-name binder-cgroup --nbval-cell-timeout=300 \
-	-p no:cacheprovider --ignore=notebooks/out $(NOT_ON_BINDER)
+	-p no:cacheprovider --ignore=notebooks/out $(NOT_ON_BINDER) -p tools.nbval_executed --nbval-executed $(EXECUTED)
 NBVAL := $(NBVAL_ALL) --ignore=notebooks/00-tf-config-and-clusters.ipynb \
 	--ignore=notebooks/01-single-vs-multi-worker.ipynb --ignore=notebooks/05-fault-tolerance.ipynb
 IN_BINDER := KIT_VIEW=text $(BIN)/python tools/binder_cgroup.py --if-possible --with-server --kernels-inside
@@ -130,6 +143,17 @@ binder: $(STAMP)  ## every notebook inside Binder's limits, as root -> out/binde
 	KIT_BINDER_RECORD=out/binder.json $(BIN)/python -m pytest -q -rsP -p no:cacheprovider \
 	  tests/test_binder_fit.py::test_the_notebook_run_fit_in_binder_limits; c=$$?; \
 	test $$a$$c = 00
+
+# The lessons as a static site, from the notebooks as `make notebooks` and tests/test_browser.py ran them
+# (out/executed/, no second execution) -> out/site/index.html; tools/build_site.py stages the pages and runs
+# Sphinx with myst-nb and sphinx-book-theme (docs/site/conf.py), offline. A notebook with no executed copy
+# (notebook 11: neither runs it) is shown without outputs, with a note on its page and a warning here naming it.
+site: $(SITE_STAMP)  ## the static site of the executed notebooks -> out/site/index.html
+	$(BIN)/python tools/build_site.py --executed $(EXECUTED) --out out/site
+
+# the site, then every page of it opened in Chromium (tests/test_site.py): make test's last step
+site-check: site chromium
+	$(BIN)/python -m pytest -p no:cacheprovider -rs tests/test_site.py
 
 lab: $(LAB_STAMP)  ## open the notebooks in JupyterLab
 	$(BIN)/jupyter lab notebooks/

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any, Iterator
 
 import psutil
 import pytest
@@ -36,6 +37,9 @@ def _own_temporary_folder() -> None:
 
 _own_temporary_folder()
 
+#: tests/learner/ runs inside tests/test_unprivileged.py's sandbox (an ordinary user, namespaces refused), not here.
+collect_ignore = [] if os.environ.get("KIT_LEARNER_RUN") else ["learner"]
+
 
 #: Fixtures that start a cluster: a test using one is ``slow`` (`pytest -m "not slow"` is the fast loop).
 CLUSTER_FIXTURES = ("make_cluster", "two_workers")
@@ -43,7 +47,7 @@ CLUSTER_FIXTURES = ("make_cluster", "two_workers")
 
 #: Modules that bring up an emulated cluster (kit.tools.sim_cluster): one Slurm controller and munge per machine,
 #: so under pytest-xdist they run one after another, in one worker.
-SIM_MODULES = ("test_slurm_ssh", "test_notebook_cluster", "test_bench", "test_sim_lifeline")
+SIM_MODULES = ("test_slurm_ssh", "test_notebook_cluster", "test_bench", "test_sim_lifeline", "test_take_home_09")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -83,6 +87,23 @@ def _exposed_warnings_shown_afresh():
     from kit.core.cluster import EXPOSED_SHOWN
 
     EXPOSED_SHOWN.clear()
+
+
+#: Debian's Chromium, which playwright drives (its own browser download is not used): tests/test_browser.py, test_site.py.
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Chromium (Debian's) driven by playwright."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, timeout=60_000)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
 
 
 def exposed(warned) -> list[str]:

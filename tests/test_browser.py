@@ -42,24 +42,26 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
-from conftest import REPO, describe, kit_processes
+from conftest import CHROMIUM, REPO, describe, kit_processes
 
 NOTEBOOK_DIR = REPO / "notebooks"
 OUT = REPO / "out" / "browser"
-CHROMIUM = Path("/usr/bin/chromium")
+#: Each notebook as JupyterLab ran it, with its outputs, for `make site` (tools/build_site.py).
+EXECUTED = REPO / "out" / "executed"
 
 NOTEBOOKS = ["00-tf-config-and-clusters.ipynb", "01-single-vs-multi-worker.ipynb", "05-fault-tolerance.ipynb"]
 #: Notebooks that draw figures: each must show at least one image, and every image must have a size.
 PLOTTING = {"01-single-vs-multi-worker.ipynb", "05-fault-tolerance.ipynb"}
 #: Notebooks whose runs must show the live view (``table.kit-view``, one ``tr[data-kit-task]`` per task).
 LIVE_VIEW = {"01-single-vs-multi-worker.ipynb", "05-fault-tolerance.ipynb"}
-#: Runs that fail on purpose, to teach the error: (notebook, function in the view's title, task).
-#: Their row must end "failed"; every other row of every view must end "done".
+#: Runs that fail on purpose, to teach the error: (notebook, function in the view's title or the first
+#: line of the cell that runs it, task). Their row must end "failed"; every other row of every view must
+#: end "done". (05 runs the same `train` in every cell: its kill is told by the cell.)
 FAILS_ON_PURPOSE = {("00-tf-config-and-clusters.ipynb", "fail_on_worker_1", "worker:1"),
-                    ("05-fault-tolerance.ipynb", "train_and_kill_worker_1", "worker:1"),
+                    ("05-fault-tolerance.ipynb", "def kill_after_step(task, step):", "worker:1"),
                     # its peer was killed: TensorFlow aborts its collective (UnavailableError) within a
                     # second, and the kit waits up to FAILED_PEERS_GRACE_SECONDS for that before it raises
-                    ("05-fault-tolerance.ipynb", "train_and_kill_worker_1", "worker:0")}
+                    ("05-fault-tolerance.ipynb", "def kill_after_step(task, step):", "worker:0")}
 #: TensorFlow's C++ start-up lines that the kit hides; none may reach a stderr block in the page.
 NOISE = ("cuInit", "oneDNN", "cpu_feature_guard", "absl::InitializeLog")
 
@@ -240,19 +242,6 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         assert not left, f"processes JupyterLab started outlived it (killed now): {left}"
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Headless Chromium (Debian's) driven by playwright."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, timeout=60_000)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
 # ----- the page -----------------------------------------------------------------------------------
 
 #: The open notebook's state from JupyterLab's own model (``window.jupyterapp``), or null while the
@@ -416,7 +405,8 @@ def problems_in(name: str, cells: list[dict]) -> tuple[list[str], list[str]]:
     if name in LIVE_VIEW and not rows:
         problems.append("no live view (table.kit-view with tr[data-kit-task] rows) in the page")
     for cell, title, task, state in rows:
-        expected = "failed" if (name, title.split(" on ")[0], task) in FAILS_ON_PURPOSE else "done"
+        on_purpose = {(name, title.split(" on ")[0], task), (name, cell["source"], task)} & FAILS_ON_PURPOSE
+        expected = "failed" if on_purpose else "done"
         if state != expected:
             problems.append(f"cell {cell['index']} [{cell['count']}]: live view {title!r}: {task} ended "
                             f"{state!r}, not {expected!r}")
@@ -511,6 +501,61 @@ def check_cell_problems(cells: list[dict]) -> list[str]:
     return problems
 
 
+#: The notebook as JupyterLab holds it after the run (its model, as it would save it, outputs included),
+#: and for each code cell's outputs the HTML of the widgets the page shows (the live view's table and its
+#: events; not the log panels): the notebook keeps no widget state, so that HTML is all a page built from
+#: it can show of the live view.
+EXECUTED_JS = """() => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  const shown = panel.content.widgets.map(cell => cell.model.type !== 'code' ? [] :
+    Array.from(cell.outputArea.node.children)
+      .filter(child => child.classList.contains('jp-OutputArea-child'))
+      .map(child => {
+        const html = Array.from(child.querySelectorAll('.widget-html-content')).map(el => el.innerHTML).join('');
+        const text = Array.from(child.querySelectorAll('table.kit-view')).map(table =>
+          [(table.previousElementSibling ? table.previousElementSibling.textContent : '').trim()]
+            .concat(Array.from(table.querySelectorAll('tr[data-kit-task]')).map(row =>
+              Array.from(row.children).map(td => td.textContent.trim()).filter(t => t).join('  ')))
+            .join('\\n')).join('\\n');
+        return html ? {html, text} : null;
+      }));
+  return {notebook: panel.context.model.toJSON(), shown};
+}"""
+
+
+def save_executed(page: Any, name: str, started: str) -> str:
+    """``out/executed/<notebook>``: the notebook JupyterLab ran, with its outputs, each widget output with the
+    HTML (and a text table) its page showed beside the widget. Returns the path, for the record."""
+    import datetime
+
+    import nbformat
+
+    got = page.evaluate(EXECUTED_JS)
+    notebook, failed = got["notebook"], []
+    for cell in notebook["cells"]:  # the model says "attachments": null where a saved file has no key
+        for key in [key for key, value in cell.items() if value is None and key != "execution_count"]:
+            del cell[key]
+    code = [(cell, shown) for cell, shown in zip(notebook["cells"], got["shown"]) if cell["cell_type"] == "code"]
+    for number, (cell, shown) in enumerate(code):
+        tags = cell.get("metadata", {}).get("tags", [])
+        if any(o["output_type"] == "error" for o in cell["outputs"]) and "raises-exception" not in tags:
+            failed.append(number)
+        for output, view in zip(cell["outputs"], shown):
+            if view and "application/vnd.jupyter.widget-view+json" in output.get("data", {}):
+                output["data"].update({"text/html": view["html"], "text/plain": view["text"] or output["data"]
+                                       .get("text/plain", "")})
+    notebook["metadata"]["executed"] = {
+        "by": "JupyterLab in Chromium (tests/test_browser.py)", "started": started,
+        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cores": os.cpu_count(), "view": "widget", "failed_cells": failed}
+    nbformat.validate(nbformat.from_dict(notebook))
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    partial = EXECUTED / f"{name}.part"
+    partial.write_text(json.dumps(notebook, indent=1, ensure_ascii=False) + "\n")
+    partial.replace(EXECUTED / name)
+    return str((EXECUTED / name).relative_to(REPO))
+
+
 # ----- the test -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", NOTEBOOKS, ids=lambda name: name[:2])
@@ -529,6 +574,8 @@ def test_browser_runs_notebook_in_jupyterlab(name: str, lab: Lab, browser: Any) 
     leftovers: list[str] = []
     context = browser.new_context(viewport=VIEWPORT)
     page = context.new_page()
+    (EXECUTED / name).unlink(missing_ok=True)  # no older run's outputs for `make site` if this one fails early
+    started = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
     with contextlib.ExitStack() as finally_:
         # run in reverse order, also after a failure: screenshot, stop the kernel, close, record
         finally_.callback(lambda: (OUT / f"{stem}.json").write_text(
@@ -545,6 +592,7 @@ def test_browser_runs_notebook_in_jupyterlab(name: str, lab: Lab, browser: Any) 
               f"{record['load_average_after'][0]:.1f} on {os.cpu_count()} cores)")
         wait_in_page(page, IMAGES_LOADED_JS, f"the images of {name} to load", SETTLE_S)
         cells = page.evaluate(CELLS_JS)
+        record["executed"] = save_executed(page, name, started)
         problems, record["stderr_notes"] = problems_in(name, cells)
         problems += check_cell_problems(cells)
         record["checks_shown"] = [cell["stdout"].strip() for cell in cells if "check" in cell["tags"]]
