@@ -1,0 +1,59 @@
+"""The kit as learners on Binder run it: an ordinary user, namespaces refused as Docker's default seccomp profile
+refuses them (tools/sandbox.py), the cluster on the host's network. tests/learner/ runs inside that sandbox: start,
+train, kill + restart, stop, a killed kernel, and the census (no process, nothing in the temporary folder)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "tools"))
+import sandbox  # noqa: E402
+
+USER = "kitlearner"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def learner():
+    """The user, able to run this interpreter, with a temporary folder of its own; undone afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create the unprivileged user (CI runs as root)")
+    user = sandbox.ensure_user(USER)
+    folders = sandbox.grant_python(USER)
+    tmp = tempfile.mkdtemp(prefix="kit-learner-", dir="/tmp")  # not under a test worker's 0700 TMPDIR
+    os.chown(tmp, user.pw_uid, user.pw_gid)
+    try:
+        yield user, tmp
+    finally:
+        sandbox.revoke_python(USER, folders)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_the_filter_refuses_exactly_what_dockers_default_profile_refuses():
+    program = sandbox.no_namespaces_program("x86_64")
+    assert len(program) == 13 * 8  # 13 instructions
+    assert sandbox.CLONE_NEW_ANY & 0x10000000 and sandbox.CLONE_NEW_ANY & 0x40000000  # user, net
+
+
+def test_as_an_ordinary_user_without_namespaces_a_cluster_trains_restarts_and_leaves_nothing(learner):
+    user, tmp = learner
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "KIT_"))}
+    env.update(TMPDIR=tmp, KIT_VIEW="text", KIT_LEARNER_RUN="1", PYTHONDONTWRITEBYTECODE="1")
+    run = subprocess.run([sys.executable, str(REPO / "tools" / "sandbox.py"), "--user", USER, "--no-namespaces",
+                          "--", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "--rootdir", str(REPO), str(REPO / "tests" / "learner")],
+                         cwd=tmp, env=env, capture_output=True, text=True, timeout=540)
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
+    assert run.returncode == 0 and re.search(r"\b4 passed\b", summary), run.stdout[-6000:] + run.stderr[-3000:]
+    leftover = subprocess.run(["pgrep", "-u", USER, "-f", "ipyparallel|kit.core"], capture_output=True, text=True)
+    assert not leftover.stdout.strip(), f"processes of {USER} left: {leftover.stdout}"
