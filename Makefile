@@ -86,7 +86,7 @@ unit: $(STAMP) chromium netns-tools cluster-tools
 
 # every exercise that changes only parameters (each notebook's metadata lists them), run with papermill to the
 # end as a learner would in a fresh notebook; its own target, since it takes longer than make test allows
-# (tests/exercises/test_exercises.py). CI runs it after make test.
+# (tests/exercises/test_exercises.py). Not in CI (.ci/run says why).
 exercises: $(STAMP) netns-tools  ## run every parameter-only exercise of the notebooks (out/exercises/)
 	$(BIN)/python -m pytest tests/exercises
 
@@ -118,7 +118,7 @@ NOT_ON_BINDER := --ignore=notebooks/11-your-own-cluster.ipynb
 # the outputs nbval collected, no second run), for `make site`; the notebooks in notebooks/ stay without outputs.
 EXECUTED := out/executed
 # nbval on every notebook but NOT_ON_BINDER, its kernels started from tools/binder_cgroup.py's kernelspec
-NBVAL_ALL := $(BIN)/python -m pytest --nbval-lax --nbval-kernel-name binder-cgroup --nbval-cell-timeout=300 \
+NBVAL_ALL := $(BIN)/python -m pytest --nbval-lax --nbval-kernel-name binder-cgroup --nbval-cell-timeout=900 \
 	-p no:cacheprovider --ignore=notebooks/out $(NOT_ON_BINDER) -p tools.nbval_executed --nbval-executed $(EXECUTED)
 NBVAL := $(NBVAL_ALL) --ignore=notebooks/00-tf-config-and-clusters.ipynb \
 	--ignore=notebooks/01-single-vs-multi-worker.ipynb --ignore=notebooks/05-fault-tolerance.ipynb

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 from . import _lifeline, _netns
@@ -70,6 +71,31 @@ def free_ports(count: int) -> list[int]:
     for s in sockets:
         s.close()
     return ports
+
+
+def _wait_gone(pids: list[int], seconds: float) -> None:
+    """Wait until each process of ``pids`` has exited (not our children: a pidfd says when), at most ``seconds``."""
+    import select
+
+    fds: dict[int, int] = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            continue  # gone already
+    try:
+        deadline = time.monotonic() + seconds
+        while fds:
+            ready, _, _ = select.select(list(fds), [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise TimeoutError(f"processes {sorted(fds.values())} still alive {seconds:g} s after their group "
+                                   "was killed")
+            for fd in ready:
+                del fds[fd]
+                os.close(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def launch(commands: list[str], workdir: str, wait_seconds: float, ready: str = "",
@@ -144,10 +170,16 @@ def launch(commands: list[str], workdir: str, wait_seconds: float, ready: str = 
         watch(wait_seconds)
         killed = [p.poll() is None for p in processes]
     finally:
+        members = []  # every process of a group being killed: a SIGKILLed child may still run for a moment
         for process in processes:
             if process.poll() is None:
+                try:
+                    members += [c.pid for c in psutil.Process(process.pid).children(recursive=True)]
+                except psutil.NoSuchProcess:
+                    pass  # exited since the poll: its group is killed below all the same
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
+        _wait_gone(members, 30)
         for out in outputs:
             out.close()
         if holder:

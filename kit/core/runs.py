@@ -166,6 +166,10 @@ class Run:
             engines.wait(survivors, timeout=FAILED_PEERS_GRACE_SECONDS)
             follower.update(result)
             live.follow(result, names)
+            for task, meta in zip(names, _as_list(result.metadata)):  # on a loaded machine the reply can trail
+                if task not in dead and meta.get("status") is None:  # its error: the run is abandoned all the same
+                    live.fail(task, f"no reply {FAILED_PEERS_GRACE_SECONDS:g} s after {dead[0]} was lost; "
+                                    "the run stopped here")
         failures = {n: oom or "process exited" for n in dead}
         for task, meta in zip(names, _as_list(result.metadata)):
             if task not in dead and meta.get("status") == "error" and meta.get("error") is not None:

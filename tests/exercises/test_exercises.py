@@ -1,8 +1,7 @@
 """Every exercise that changes only parameters runs to the end, as a learner doing it in a fresh notebook would.
 
-Not part of ``make test`` (about half an hour on 2 cores): ``make exercises`` runs it, and CI runs it after
-``make test`` (.ci/run). Each notebook lists those exercises in its metadata
-(:func:`kit.tools.cells.parameter_exercises`); tests/test_exercises_listed.py checks that the list and
+Not part of ``make test`` (about half an hour on 2 cores): ``make exercises`` runs it (not CI: .ci/run says why).
+Each notebook lists those exercises in its metadata (:func:`kit.tools.cells.parameter_exercises`); tests/test_exercises_listed.py checks that the list and
 the text agree. The executed notebooks stay in out/exercises/, the failed ones with their error.
 """
 
