@@ -88,6 +88,10 @@ def test_the_sampler_names_the_server_by_its_program_and_the_rest_by_kind():
     assert kind(["/v/bin/python", "/v/bin/jupyter-lab", "--port=0"]) == "jupyter-server"
     assert kind(["/v/bin/python", "-c", "print('-m jupyterlab')"]) is None  # a script that names it is not it
     assert kind(["/v/bin/python", "-m", "ipykernel_launcher", "-f", "k.json"]) == "kernel"
+    # on its way in, as root: joining the group, then tools/sandbox.py dropping to the learner (both exec the kernel)
+    assert kind(["/bin/sh", "-c", "...", "binder-cgroup", "/v/bin/python", "-m", "ipykernel_launcher"]) is None
+    assert kind(["/v/bin/python", "/r/tools/sandbox.py", "--user", "u", "--", "/v/bin/python", "-m",
+                 "ipykernel_launcher"]) is None
     assert kind(["/v/bin/python", "-m", "kit.core._boot", "ipyparallel.engine"]) == "engine"
     assert binder_cgroup._other_kind(["/v/bin/python", "-m", "ipyparallel.engine.nanny"]) == "nanny"
 
@@ -294,6 +298,12 @@ def test_the_notebook_run_fit_in_binder_limits():
                           f"memory (the table's \"at the peak\" lines say which processes held it)\n{table}")
         assert record["escaped_processes"] == {}, f"kit processes outside the group: {record['escaped_processes']}"
         assert record["processes_seen"].get("controller", 0) >= 1 and record["sampler_errors"] == [], record
+        if os.geteuid() == 0:  # as on mybinder.org: the kernels and all they start as an ordinary user, no namespaces
+            learner = (record.get("kernels_as") or {}).get("user")
+            assert learner, "the kernels ran as root (tools/binder_cgroup.py --as-user): not as on Binder"
+            users = {kind: record["users_seen"].get(kind) for kind in ("kernel", "engine", "controller")}
+            assert all(seen == [learner] for seen in users.values()), f"expected every kernel, engine and " \
+                f"controller to run as {learner}, measured {users}"
     in_browser = browser_notebooks()
     notebooks = sorted(p.name for p in (REPO / "notebooks").glob("[0-9][0-9]*-*.ipynb"))
     missing = sorted(set(notebooks) - set(covered) - set(in_browser) - set(not_on_binder()))

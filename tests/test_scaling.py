@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from kit.train import scaling
-from kit.core.errors import OptionError
+from kit.core.errors import KitError, OptionError
 
 
 @pytest.mark.parametrize("rule, k, expected", [("none", 8, 0.1), ("linear", 8, 0.8), ("sqrt", 4, 0.2),
@@ -154,6 +154,15 @@ def test_rows_of_gives_every_trial_a_row_from_the_run_that_trained_alike():
     assert not disagree["workers_agree"]
 
 
+def test_with_records_pairs_each_trials_record_with_what_the_task_returned():
+    measured = {"worker:0": {"records": [{"loss": [1.0]}, {"loss": [2.0]}]}, "worker:1": {"records": [{"loss": [1.0]}]}}
+    paired = scaling.with_records([[(0.5, 0.9), (0.4, 0.8)]], measured, ["worker:0"])
+    assert paired == [[{"loss": [1.0], "test_loss": 0.5, "test_accuracy": 0.9},
+                       {"loss": [2.0], "test_loss": 0.4, "test_accuracy": 0.8}]]
+    with pytest.raises(KitError, match=r"worker:1: 2 trials returned but 1 recorded.*Fix: pass kit.OnTask"):
+        scaling.with_records([[(0.5, 0.9), (0.4, 0.8)]], measured, ["worker:1"])
+
+
 def test_step_times_and_speed_table():
     speed = pd.DataFrame({"workers": [1, 2], "per_worker_batch": [64, 64], "examples_per_second": [1000.0, 1280.0],
                           "efficiency": [1.0, 0.64]})
@@ -181,3 +190,5 @@ def test_recorder_and_the_summed_third_on_one_process():
     assert record["steps_done"] == [4, 8] and len(record["running_loss"]) == 8 and record["parameters"] == 3
     assert record["loss"] == pytest.approx(history.history["loss"]) and record["learning_rate"] == pytest.approx([0.01] * 8)
     assert len(record["epoch_seconds"]) == 2 and record["wall_seconds"] > 0 and record["task"] == "local"
+    model.fit(data, epochs=1, verbose=0, callbacks=[recorder])            # a second fit: a record of its own
+    assert [r["steps_done"] for r in recorder.records] == [[4, 8], [12]] and recorder.record is recorder.records[-1]

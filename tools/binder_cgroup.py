@@ -226,6 +226,7 @@ class Sample:
     kind_peaks: ByKind = dataclasses.field(default_factory=dict)
     command_pid: int = 0
     errors: list[str] = dataclasses.field(default_factory=list)
+    users: dict[str, set[str]] = dataclasses.field(default_factory=dict)       # kind -> the users its processes ran as
 
 
 class BinderCgroup:
@@ -464,7 +465,7 @@ class BinderCgroup:
         counts: dict[str, int] = {}
         by_kind: ByKind = {}
         kernels: list[int] = []
-        for proc in psutil.process_iter(["pid", "ppid", "cmdline", "environ"]):
+        for proc in psutil.process_iter(["pid", "ppid", "cmdline", "environ", "username"]):
             info = proc.info
             if info["environ"] is None or info["cmdline"] is None:
                 continue  # gone meanwhile, or a zombie
@@ -473,6 +474,7 @@ class BinderCgroup:
             if info["pid"] in inside:
                 if kind:
                     sample.seen.setdefault(kind, set()).add(info["pid"])
+                    sample.users.setdefault(kind, set()).add(info["username"])
                     counts[kind] = counts.get(kind, 0) + 1
                 if kind == "kernel" and info["ppid"] == sample.command_pid:
                     kernels.append(info["pid"])
@@ -672,6 +674,8 @@ def _kind(cmdline: list[str]) -> str | None:
         return "engine"  # the zygote's forked engines keep its command line (kit.core._zygote); it counts too
     if "kit.core._boot kit.core._controller" in text:
         return "controller"
+    if cmdline[3:4] == ["binder-cgroup"] or any(Path(arg).name == "sandbox.py" for arg in cmdline[:2]):
+        return None  # a kernel on its way in (joining the group, then dropping to --as-user): it execs the kernel
     if "ipykernel_launcher" in text or "-m ipykernel" in text:
         return "kernel"
     if (cmdline[1:3] in (["-m", "jupyterlab"], ["-m", "jupyter_server"])
@@ -694,6 +698,7 @@ def _processes(sample: Sample) -> dict[str, Any]:
     return {"samples": sample.samples,
             "processes_seen": {k: len(v) for k, v in sorted(sample.seen.items())},
             "processes_max_concurrent": dict(sorted(sample.max_concurrent.items())),
+            "users_seen": {k: sorted(v) for k, v in sorted(sample.users.items())},
             "escaped_processes": {str(pid): cgroup for pid, cgroup in sample.escaped.items()},
             "kernels": [span.as_dict() for span in sample.kernels.values()],
             "at_peak": sample.run.at_peak if sample.run else {},
@@ -719,11 +724,19 @@ def main(argv: list[str] | None = None) -> int:
                              f"kernels it starts inside: it gets a kernelspec named {KERNEL_NAME} (pass "
                              f"--nbval-kernel-name {KERNEL_NAME}). On mybinder.org the Jupyter server starts the "
                              f"kernels; a runner inside the group as well would count twice")
+    parser.add_argument("--as-user", metavar="USER",
+                        help="with --kernels-inside: run the kernels as USER (created if missing) with new namespaces "
+                             "refused, as mybinder.org runs them (user jovyan, Docker's seccomp profile: "
+                             "tools/sandbox.py); needs root")
+    parser.add_argument("--writable", type=Path, action="append", default=[], metavar="DIR",
+                        help="with --as-user: a folder the kernels write in (the notebooks' outputs); repeatable")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given (put it after --)")
+    if args.as_user and not (args.kernels_inside and os.geteuid() == 0):
+        parser.error("--as-user needs --kernels-inside and root (it drops the kernels to that user)")
     reason = unavailable()
     if reason is not None:
         if not args.if_possible:
@@ -732,7 +745,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"binder-cgroup: running without the Binder-sized cgroup ({_size(args.memory_gib, args.cpus)}): "
               f"{reason}", file=sys.stderr)
         started = time.monotonic()
-        with kernels_environment(args.kernels_inside, None) as env:
+        with kernels_environment(args.kernels_inside, None, args.as_user, args.writable) as env:
             returncode = subprocess.call(command, env=env)
         _write_record(args.record, {"in_cgroup": False, "reason": reason, "command": command,
                                     "returncode": returncode, "wall_seconds": round(time.monotonic() - started, 1)})
@@ -748,11 +761,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{_size(args.memory_gib, args.cpus)}" + (", with a Jupyter server inside" if server else "")
               + (", the command outside and its kernels inside" if args.kernels_inside else ""), file=sys.stderr)
         try:
-            with kernels_environment(args.kernels_inside, group) as env:
+            with kernels_environment(args.kernels_inside, group, args.as_user, args.writable) as env:
                 record = group.run(command, server=server, inside=not args.kernels_inside, env=env)
         except ServerError as error:
             print(f"binder-cgroup: {error}", file=sys.stderr)
             return SETUP_FAILED
+    record["kernels_as"] = args.as_user and {"user": args.as_user, "namespaces": "refused"}
     _write_record(args.record, record)
     served = record["jupyter_server"]
     print(f"binder-cgroup: exit {record['returncode']} after {record['wall_seconds']:.0f} s; peak memory "
@@ -770,21 +784,75 @@ KERNEL_NAME = "binder-cgroup"
 
 
 @contextlib.contextmanager
-def kernels_environment(kernels_inside: bool, group: BinderCgroup | None):
+def kernels_environment(kernels_inside: bool, group: BinderCgroup | None, user: str | None = None,
+                        writable: list[Path] | None = None):
     """The command's environment: with ``--kernels-inside``, this one plus a temporary ``JUPYTER_PATH`` holding
-    the kernelspec of :func:`write_kernelspec` (removed afterwards); else None (the command inherits ours)."""
+    the kernelspec of :func:`write_kernelspec` (removed afterwards); else None (the command inherits ours).
+    ``user``: the kernels run as that user with namespaces refused (tools/sandbox.py), allowed to run this Python
+    and to write in ``writable``, until the command ends."""
     if not kernels_inside:
         yield None
         return
-    with tempfile.TemporaryDirectory(prefix="kit-binder-kernels-") as folder:
-        yield {**os.environ, **write_kernelspec(Path(folder), group)}
+    with contextlib.ExitStack() as undo, tempfile.TemporaryDirectory(prefix="kit-binder-kernels-") as folder:
+        learner = None
+        if user:
+            learner = undo.enter_context(_granted(user, writable or []))
+            os.chmod(folder, 0o711)  # the user enters it to read its copy of each connection file
+            os.mkdir(Path(folder) / "connections", 0o700)
+            os.chown(Path(folder) / "connections", learner.pw_uid, learner.pw_gid)
+        yield {**os.environ, **write_kernelspec(Path(folder), group, learner)}
 
 
-def write_kernelspec(folder: Path, group: BinderCgroup | None) -> dict[str, str]:
+#: Runs of this tool at once (make notebooks starts two) share the user's permissions: the last one out takes them back.
+GRANTS_COUNT = Path(tempfile.gettempdir()) / "kit-binder-learner.count"
+
+
+@contextlib.contextmanager
+def _granted(user: str, writable: list[Path]):
+    """``user`` (created if missing) may run this Python and write in ``writable`` while any run holds this."""
+    import fcntl
+
+    import sandbox  # tools/, beside this file
+
+    def count(step: int) -> int:
+        with open(GRANTS_COUNT, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+            f.seek(0)
+            state = json.loads(f.read() or '{"count": 0, "before": {}}')
+            state["count"] += step
+            if step > 0:
+                sandbox.grant_python(user)
+                for path in writable:
+                    if str(path) not in state["before"]:  # the first run to ask for it: what it had before
+                        path.mkdir(parents=True, exist_ok=True)
+                        state["before"][str(path)] = sandbox.extended_acls(path)
+                        sandbox.grant_writing(user, path)
+            elif state["count"] == 0:
+                sandbox.revoke_python(user, sandbox.grant_python(user))  # granting again names the folders
+                for path, before in state["before"].items():
+                    sandbox.revoke_writing(user, Path(path), before)
+            f.seek(0), f.truncate(), f.write(json.dumps(state))
+            if state["count"] == 0:
+                GRANTS_COUNT.unlink()
+            return state["count"]
+
+    learner = sandbox.ensure_user(user)
+    count(+1)
+    try:
+        yield learner
+    finally:
+        count(-1)
+
+
+def write_kernelspec(folder: Path, group: BinderCgroup | None, user: Any = None) -> dict[str, str]:
     """A Jupyter kernelspec :data:`KERNEL_NAME` in ``folder``: this Python's ipykernel, which joins ``group``
-    first (:meth:`BinderCgroup.joining`; as it is without a group). Returns the environment that lets Jupyter
-    find it (``JUPYTER_PATH``)."""
+    first (:meth:`BinderCgroup.joining`; as it is without a group), and with ``user`` (a ``pwd`` entry) runs as
+    that user with namespaces refused (tools/sandbox.py; the connection file handed over in ``folder``). Returns
+    the environment that lets Jupyter find it (``JUPYTER_PATH``)."""
     argv, env = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], {}
+    if user is not None:
+        argv = [sys.executable, str(Path(__file__).with_name("sandbox.py")), "--user", user.pw_name, "--no-namespaces",
+                "--hand-over", "{connection_file}", "--into", str(folder / "connections"), "--", *argv]
     if group is not None:
         argv, env = group.joining(argv)
     spec = {"argv": argv, "env": env, "language": "python", "display_name": "Python 3 (Binder-sized cgroup)"}

@@ -1,6 +1,8 @@
 """Run a command as learners on Binder run the kit: an ordinary user, with new namespaces refused.
 
     python tools/sandbox.py --user kitlearner [--no-namespaces] -- COMMAND ARGS...   (as root)
+    python tools/sandbox.py --user kitlearner --no-namespaces --hand-over CONNECTION_FILE --into DIR \
+        -- python -m ipykernel_launcher -f CONNECTION_FILE        (a notebook kernel: tools/binder_cgroup.py --as-user)
 
 mybinder.org (and most JupyterHubs) run each session in a Docker container as user ``jovyan``, under Docker's
 default seccomp profile: ``unshare`` and ``setns`` fail with EPERM, ``clone`` with any CLONE_NEW* flag fails with
@@ -107,6 +109,29 @@ def revoke_python(user: str, folders: list[Path]) -> None:
         subprocess.run(["setfacl", "-x", f"u:{user}", str(folder)], check=True, capture_output=True)
 
 
+def extended_acls(folder: Path) -> list[str]:
+    """The paths under ``folder`` (itself included) with ACL entries beyond their mode bits."""
+    shown = subprocess.run(["getfacl", "-R", "-s", "-p", str(Path(folder).resolve())], capture_output=True, text=True,
+                           check=True).stdout
+    return [line[len("# file: "):] for line in shown.splitlines() if line.startswith("# file: ")]
+
+
+def grant_writing(user: str, folder: Path) -> None:
+    """Let ``user`` read and write everything under ``folder``, and what is made there later (ACL entries and
+    default entries for that user only; :func:`revoke_writing` takes them back)."""
+    subprocess.run(["setfacl", "-R", "-m", f"u:{user}:rwX,d:u:{user}:rwX", str(folder)], check=True,
+                   capture_output=True)
+
+
+def revoke_writing(user: str, folder: Path, extended_before: list[str]) -> None:
+    """Take :func:`grant_writing` back: the user's entries, and every ACL left on a path that had none before
+    (``extended_before``: :func:`extended_acls` then), such as the mask and default entries setfacl keeps."""
+    subprocess.run(["setfacl", "-R", "-x", f"u:{user},d:u:{user}", str(folder)], check=True, capture_output=True)
+    left = sorted(set(extended_acls(folder)) - set(extended_before))
+    for start in range(0, len(left), 200):
+        subprocess.run(["setfacl", "-b", *left[start:start + 200]], check=True, capture_output=True)
+
+
 def become(user: pwd.struct_passwd) -> dict[str, str]:
     """Drop this (root) process to ``user``; return the environment a login would give it."""
     os.setgroups([])
@@ -119,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--user", required=True, help="the unprivileged user to run as (created if missing)")
     parser.add_argument("--no-namespaces", action="store_true", help="refuse new namespaces, as Docker's seccomp does")
+    parser.add_argument("--hand-over", metavar="FILE", help="a file of root's the command reads (a kernel's connection "
+                        "file, in root's 0700 runtime folder): copied into --into for the user, and the command given "
+                        "the copy's path instead")
+    parser.add_argument("--into", metavar="DIR", help="where --hand-over's copy goes (a folder the user may enter)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -126,7 +155,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the command after --")
     if os.geteuid() != 0:
         parser.error("run it as root (it drops to --user)")
-    environment = {**os.environ, **become(ensure_user(args.user))}
+    user = ensure_user(args.user)
+    if args.hand_over:
+        if not args.into:
+            parser.error("--hand-over needs --into DIR")
+        copy = Path(args.into) / Path(args.hand_over).name
+        shutil.copyfile(args.hand_over, copy)
+        os.chown(copy, user.pw_uid, user.pw_gid)
+        os.chmod(copy, 0o600)
+        command = [str(copy) if arg == args.hand_over else arg for arg in command]
+    environment = {**os.environ, **become(user)}
     if args.no_namespaces:
         refuse_namespaces()
     os.execvpe(command[0], command, environment)

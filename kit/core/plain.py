@@ -155,6 +155,8 @@ def launch(commands: list[str], workdir: str, wait_seconds: float, ready: str = 
                     network[i] = network[i] or os.readlink(f"/proc/{process.pid}/ns/net")
                 except (psutil.NoSuchProcess, FileNotFoundError):
                     continue  # exited since the poll: its exit code is read below
+                except (psutil.AccessDenied, PermissionError):
+                    continue  # mid-execve its /proc is briefly closed to its own user (not to root): next sample
             try:
                 next(p for p in processes if p.poll() is None).wait(timeout=0.2)
             except (subprocess.TimeoutExpired, StopIteration):

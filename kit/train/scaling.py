@@ -20,7 +20,7 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
-from ..core.errors import OptionError
+from ..core.errors import KitError, OptionError
 
 RULES = ("none", "linear", "sqrt")
 
@@ -222,27 +222,31 @@ COLUMNS = ["workers", "per_worker_batch", "lr_rule", "warmup", "global_batch", "
 
 
 def recorder():
-    """A Keras callback that writes down what ``fit`` did on this task, in ``.record``: ``running_loss`` and
-    ``learning_rate`` after each call into TensorFlow, ``loss`` (the epoch's), ``steps_done`` (the optimizer's
-    count) and ``epoch_seconds`` at each epoch's end, and the task, its pid, the model's parameters and the
-    wall time of ``fit``. It measures; the training does not depend on it (imports TensorFlow)."""
+    """A Keras callback that writes down what each ``fit`` did on this task, in ``.record`` (the last) and ``.records``
+    (every fit it saw): ``running_loss`` and ``learning_rate`` after each call into TensorFlow, ``loss`` (the
+    epoch's), ``steps_done`` (the optimizer's count) and ``epoch_seconds`` at each epoch's end, and the task, its pid,
+    the model's parameters and the wall time of ``fit``. At each fit's end it sends ``records`` to the notebook
+    (``cluster.last_view.measurements()[task]["records"]``): a lesson's function takes it in ``callbacks`` and
+    returns only what the lesson returns. It measures; the training does not depend on it (imports TensorFlow)."""
     import os
     import time
 
     from ..core.tfconfig import this_task
     from ._tf import import_tensorflow
+    from .progress import publish
 
     tf = import_tensorflow()
 
     class Recorder(tf.keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self.record = {"task": this_task(), "pid": os.getpid(), "running_loss": [], "learning_rate": [],
-                           "loss": [], "steps_done": [], "epoch_seconds": []}
+            self.records: list[dict] = []
+            self.record: dict = {}
 
         def on_train_begin(self, logs=None):
             self.started = time.perf_counter()
-            self.record["parameters"] = self.model.count_params()
+            self.record = {"task": this_task(), "pid": os.getpid(), "running_loss": [], "learning_rate": [],
+                           "loss": [], "steps_done": [], "epoch_seconds": [], "parameters": self.model.count_params()}
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch_started = time.perf_counter()
@@ -258,8 +262,23 @@ def recorder():
 
         def on_train_end(self, logs=None):
             self.record["wall_seconds"] = time.perf_counter() - self.started
+            self.records.append(self.record)
+            publish(records=self.records)
 
     return Recorder()
+
+
+def with_records(returned: Sequence[Sequence[Any]], measurements: dict[str, dict], names: Sequence[str]) -> list:
+    """Per task, one record per trial: what :func:`recorder` wrote down of each fit (``measurements``, from
+    ``cluster.last_view.measurements()``) with the ``(test_loss, test_accuracy)`` the task returned for it."""
+    out = []
+    for name, results in zip(names, returned):
+        records = measurements[name].get("records", [])
+        if len(records) != len(results):
+            raise KitError(f"{name}: {len(results)} trials returned but {len(records)} recorded",
+                           fix="pass kit.OnTask(kit.train.scaling.recorder) in the run's callbacks")
+        out.append([{**r, "test_loss": loss, "test_accuracy": accuracy} for r, (loss, accuracy) in zip(records, results)])
+    return out
 
 
 def same_training(trial: dict[str, Any]) -> tuple:
