@@ -59,6 +59,21 @@ def is_alive(pid: int, start_time: float) -> bool:
         return False
 
 
+def wait_ended(pid: int, seconds: float) -> bool:
+    """Wait until process ``pid`` (not necessarily a child) has ended, at most ``seconds`` (a pidfd says when: a
+    zombie has ended); whether it has."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], seconds)[0])
+    finally:
+        os.close(fd)
+
+
 def _say(text: str) -> None:
     try:
         print(f"kit lifeline: {text}", file=sys.__stderr__, flush=True)

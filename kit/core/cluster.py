@@ -42,6 +42,8 @@ __all__ = ["TFCluster", "Phase", "State", "TaskRecord", "TaskGroup", "Failure", 
            "notebook_sources", "STARTUP_NOISE", "FAILED_PEERS_GRACE_SECONDS"]
 
 _live_clusters: "weakref.WeakSet[TFCluster]" = weakref.WeakSet()
+#: How long :meth:`TFCluster.kill` waits for a SIGKILLed local engine to end (it takes milliseconds).
+KILL_SECONDS = 10.0
 
 
 @atexit.register
@@ -262,7 +264,14 @@ class TFCluster:
         """
         group = self.task_group(ready=False)
         name = group.select([task])[0]
-        self._engines.signal(name, group.info(name).engine_id, signal)
+        info = group.info(name)
+        self._engines.signal(name, info.engine_id, signal)
+        # back once a local engine has ended: the next run then finds the task lost before it starts (on a loaded
+        # machine a SIGKILLed engine still ran for a moment, and that run lost it midway: tests/learner)
+        if signal == signals.SIGKILL and isinstance(self._engines, LocalEngines) \
+                and not _lifeline.wait_ended(info.pid, KILL_SECONDS):
+            raise ClusterError(f"{name}'s engine process (pid {info.pid}) still runs {KILL_SECONDS:g} s after "
+                               "SIGKILL", [name], fix="look for a process stuck in the kernel (state D in ps)")
 
     # ----- roles: one path for every kind of engines --------------------------------------------
     def _launch_environments(self) -> dict[str, dict[str, str]]:
