@@ -120,7 +120,7 @@ def _visible_text(cell: dict) -> str:
     return "" if cell.get("metadata", {}).get("jupyter", {}).get("source_hidden") else "".join(cell["source"])
 
 
-@pytest.mark.parametrize("path", ALL, ids=lambda p: p.name[:3])
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("[0-9][0-9]*-*.ipynb")), ids=lambda p: p.name[:3])
 def test_what_a_learner_reads_has_no_in_house_words(path):
     nb = json.loads(path.read_text())
     hits = [(i, m.group(0)) for i, c in enumerate(nb["cells"]) for m in IN_HOUSE.finditer(_visible_text(c))]

@@ -74,28 +74,11 @@ def free_ports(count: int) -> list[int]:
 
 
 def _wait_gone(pids: list[int], seconds: float) -> None:
-    """Wait until each process of ``pids`` has exited (not our children: a pidfd says when), at most ``seconds``."""
-    import select
-
-    fds: dict[int, int] = {}
-    for pid in pids:
-        try:
-            fds[os.pidfd_open(pid)] = pid
-        except ProcessLookupError:
-            continue  # gone already
-    try:
-        deadline = time.monotonic() + seconds
-        while fds:
-            ready, _, _ = select.select(list(fds), [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise TimeoutError(f"processes {sorted(fds.values())} still alive {seconds:g} s after their group "
-                                   "was killed")
-            for fd in ready:
-                del fds[fd]
-                os.close(fd)
-    finally:
-        for fd in fds:
-            os.close(fd)
+    """Wait until each process of ``pids`` has ended (:func:`kit.core._lifeline.wait_ended`), at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    left = [pid for pid in pids if not _lifeline.wait_ended(pid, max(0.0, deadline - time.monotonic()))]
+    if left:
+        raise TimeoutError(f"processes {left} still alive {seconds:g} s after their group was killed")
 
 
 def launch(commands: list[str], workdir: str, wait_seconds: float, ready: str = "",
