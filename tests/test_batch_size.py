@@ -1,4 +1,4 @@
-"""kit.train.batch_size: the time-to-accuracy study's pieces, the fit, and the noise-scale estimator."""
+"""kit.train.batch_size (the tuning search, the fit, the noise-scale estimator) and notebook 10's training code."""
 
 import math
 
@@ -9,23 +9,20 @@ from conftest import REPO
 from kit.core.errors import KitError, OptionError
 from kit.tools import cells
 from kit.train import batch_size as bs
-from kit.train import gradient_noise as gn
 
-#: Notebook 10's steps (its cells tagged "training"): `accumulation_step` and `worker_step`.
+#: Notebook 10's training code (its cells tagged "training"): `train_to_target` and what it calls.
 LESSON = cells.run_tagged(REPO / "notebooks" / "10-critical-batch-size.ipynb", "training")
+MNIST = str(REPO / "kit" / "train" / "datasets" / "mnist.npz")
 
 
-def test_batch_stream_is_a_new_permutation_each_epoch_and_the_same_in_every_process():
-    stream = bs.BatchStream(1000, seed=7, examples=3000)
-    rows = stream.rows(0, 6)
-    assert rows.shape == (6, 1000)
+def test_the_batches_are_a_new_permutation_each_epoch_and_the_same_in_every_process():
+    stream = LESSON["batches"](1000, seed=7, examples=3000)
+    rows = [next(stream) for _ in range(6)]
     for epoch in range(2):
-        assert sorted(rows[3 * epoch:3 * epoch + 3].ravel()) == list(range(3000))   # each epoch: every example once
-    assert not np.array_equal(rows[:3], rows[3:])                                    # a new order each epoch
-    again = bs.BatchStream(1000, seed=7, examples=3000)
-    assert np.array_equal(again.rows(4, 2), rows[4:6])                               # from any step, same rows
-    with pytest.raises(OptionError, match="batch"):
-        bs.BatchStream(0, seed=1)
+        assert sorted(np.concatenate(rows[3 * epoch:3 * epoch + 3])) == list(range(3000))   # each epoch: all once
+    assert not np.array_equal(rows[:3], rows[3:])                                          # a new order each epoch
+    again = LESSON["batches"](1000, seed=7, examples=3000)
+    assert all(np.array_equal(next(again), row) for row in rows)                           # the same in any process
 
 
 def test_the_fit_recovers_a_known_critical_batch():
@@ -62,14 +59,27 @@ def test_the_noise_scale_estimator_is_unbiased_on_simulated_gradients():
         bs.noise_scale(small, big, 64, 32)
 
 
-def test_best_by_batch_takes_the_fastest_grid_run_that_reached():
-    rows = [{"batch": 16, "steps": 900, "reached": True, "on_grid": True, "warmup": False, "learning_rate": 0.1},
-            {"batch": 16, "steps": 800, "reached": True, "on_grid": False, "warmup": False, "learning_rate": 0.3},
-            {"batch": 16, "steps": 850, "reached": True, "on_grid": True, "warmup": False, "learning_rate": 0.2},
-            {"batch": 16, "steps": None, "reached": False, "on_grid": True, "warmup": False, "learning_rate": 2.0},
-            {"batch": 64, "steps": 300, "reached": True, "on_grid": True, "warmup": True, "learning_rate": 0.8}]
-    assert {b: r["learning_rate"] for b, r in bs.best_by_batch(rows).items()} == {16: 0.2, 64: 0.8}
-    assert list(bs.best_by_batch(rows, warmup=False)) == [16]
+def test_tune_brackets_the_best_rate_and_gives_later_runs_twice_the_best_steps():
+    """A made-up run whose steps are least at rate 0.4 (and that diverges above 1.6): the search tries outward from
+    its start until the best is inside the tried range, and bounds every later run by twice the best so far."""
+    calls = []
+
+    def run(lr, max_steps):
+        calls.append((lr, max_steps))
+        steps = round(1000 * (1 + abs(math.log2(lr / 0.4))))
+        if lr > 1.6 or steps > max_steps:
+            return {"steps": None, "status": "diverged" if lr > 1.6 else "not reached", "ran_steps": max_steps}
+        return {"steps": steps, "status": "reached", "ran_steps": steps}
+
+    rows = bs.tune(run, 25_000, start=1.6, also=(3.2,))
+    grid = sorted(r["learning_rate"] for r in rows if r["on_grid"])
+    best = min((r for r in rows if r["steps"]), key=lambda r: r["steps"])
+    assert best["learning_rate"] == 0.4 and grid[0] < 0.4 < grid[-1], rows
+    assert calls[:2] == [(1.6, 25_000), (2.2627, 6000)], calls      # then twice the 3,000 steps of rate 1.6
+    assert [r for r in rows if not r["on_grid"]] == [{"steps": None, "status": "diverged", "ran_steps": 2000,
+                                                       "learning_rate": 3.2, "on_grid": False}]
+    with pytest.raises(OptionError, match="lrs"):
+        bs.tune(run, 100, lrs=())
 
 
 def test_the_grid_and_budget():
@@ -79,26 +89,11 @@ def test_the_grid_and_budget():
 
 
 @pytest.mark.slow
-def test_accumulated_micro_batches_update_as_real_workers_and_as_one_batch(make_cluster):
-    cluster = make_cluster(workers=2)
-    same = cluster.with_options(stream=False).run(gn.accumulation_vs_workers, LESSON["worker_step"],
-                                                  LESSON["accumulation_step"], per_worker_batch=64, steps=4)
-    for task in same:
-        assert task["max_abs_update"] > 1e-3
-        assert task["max_abs_difference"] <= 1e-6 * max(1.0, task["max_abs_update"]), task
-    # one process: batch 2048 as 2 micro-batches of 1024 or in one piece, same run to the step
-    def two_ways(step):   # defined here: cloudpickle sends it by value (a test module is not importable on engines)
-        from kit.train import batch_size as bs
-        kwargs = dict(max_steps=40, target=1.01)   # a fixed number of steps: the target is never reached
-        return (bs.train_to_target(2048, 0.8, step, micro_batch=2048, **kwargs),
-                bs.train_to_target(2048, 0.8, step, micro_batch=1024, **kwargs))
-
-    whole, pieces = cluster.with_options(stream=False, tasks=["worker:0"]).run(two_ways, LESSON["accumulation_step"])[0]
-    assert np.allclose(pieces["curve"], whole["curve"], atol=1e-3) and pieces["ran_steps"] == whole["ran_steps"] == 40
-
-
-def test_train_to_target_names_bad_options():
-    with pytest.raises(OptionError, match="learning_rate"):
-        bs.train_to_target(64, -1.0, LESSON["accumulation_step"])
-    with pytest.raises(OptionError, match="micro_batch"):
-        bs.train_to_target(3000, 0.1, LESSON["accumulation_step"], micro_batch=1024)
+def test_accumulated_micro_batches_train_as_one_batch(make_cluster):
+    """Notebook 10's train_to_target at batch 2048: in one piece or as 2 micro-batches of 1024, the same run."""
+    cluster = make_cluster(workers=1)
+    run = cluster.with_options(stream=False).run
+    kwargs = dict(max_steps=40, target=1.01, mnist_path=MNIST)   # a fixed number of steps: the target is never reached
+    (whole,), (pieces,) = (run(LESSON["train_to_target"], 2048, 0.8, micro_batch=m, **kwargs) for m in (2048, 1024))
+    assert pieces["ran_steps"] == whole["ran_steps"] == 40 and pieces["status"] == "not reached", pieces
+    assert np.allclose(pieces["curve"], whole["curve"], atol=1e-3), (pieces["curve"], whole["curve"])

@@ -46,7 +46,8 @@ def test_a_missing_notebook_or_tag_says_the_fix(tmp_path):
 @pytest.mark.parametrize("lesson, tag, names", [
     ("08-scaling-experiments.ipynb", "training",
      {"mnist_dataset", "build_and_compile_cnn_model", "train", "train_points", "plan"}),
-    ("10-critical-batch-size.ipynb", "training", {"accumulation_step", "worker_step"}),
+    ("10-critical-batch-size.ipynb", "training", {"init_mlp", "make_loss", "batches", "accumulation_step",
+                                                      "with_warmup", "train_to_target"}),
     ("02-mirrored-and-local-strategies.ipynb", "training",
      {"build_toy_model", "mnist_datasets", "build_model", "decay"}),
     ("02b-cross-device-ops-and-other-strategies.ipynb", "training", {"cross_device_ops", "train_with"}),

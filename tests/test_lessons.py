@@ -15,10 +15,9 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
 
 # ----- every training notebook: its workers run a plain lesson that exports ---------------------------------
-#: The notebooks that train: every one of them teaches a script a learner can take home. 10 is not converted yet
-#: (its workers run kit.train.batch_size and kit.train.gradient_noise).
-TRAINING = ["01", "03", "03b", "04", "05", "06", "07", "08", "09", "09b", "11"]
-NOT_YET = ("10-",)
+#: The notebooks that train: every one of them teaches a script a learner can take home.
+TRAINING = ["01", "03", "03b", "04", "05", "06", "07", "08", "09", "09b", "10", "10b", "11"]
+NOT_YET = ()
 #: Callables of the kit that a notebook may run on its tasks: plumbing, not a lesson (start plain processes,
 #: pick ports, list addresses), each named here with its reason.
 KIT_PLUMBING = {"kit.launch", "kit.free_ports", "kit.core.horovod.listening_addresses",

@@ -7,9 +7,10 @@
 - :mod:`.probes`: what a task can observe (TensorFlow's log, devices, files, TensorBoard).
 - Recipes the benchmark, the Keras check, the fault trials and the tests call: :mod:`.fit`, :mod:`.mirrored`,
   :mod:`.multiworker`, :mod:`.custom_loop`, :mod:`.ps`, :mod:`.resilience`,
-  :mod:`.checkpoints`, :mod:`.scaling`, :mod:`.horovod_fit`, :mod:`.batch_size`, :mod:`.gradient_noise`,
-  :mod:`.links`. Notebooks hold the lesson's code in cells and call pieces of some of these
-  (``mirrored``, ``resilience``, ``scaling``, ``batch_size``, ``gradient_noise``, ``links``), and
+  :mod:`.checkpoints`, :mod:`.scaling`, :mod:`.horovod_fit`,
+  :mod:`.links`; :mod:`.batch_size` is the kernel's side of notebooks 10 and 10b (numpy only). Notebooks hold the
+  lesson's code in cells and call pieces of some of these (``mirrored``, ``resilience``, ``scaling``,
+  ``batch_size``), and
   :mod:`.sharding` (notebook 04's files and tables): docs/architecture.md lists which notebook calls which.
 """
 
