@@ -295,6 +295,35 @@ def test_a_killed_task_and_a_cancelled_job_are_lost_tasks_and_the_run_resumes(si
     assert not list(Path.cwd().glob("*.sbatch")), "a batch script was written outside the profile"
 
 
+def test_a_busy_and_a_killed_slurm_engine_leave_no_folder_once_the_cluster_stops(sim, slurm_env, tmp_path):
+    """The stop removes every Slurm engine's own folder on its node, with no later engine there to sweep it:
+    worker:0's engine busy in a call (it would defer Slurm's SIGTERM), worker:1's killed before the stop."""
+    def busy():  # defined here, so that it travels by value
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as deep in a collective: Python's handlers do not run
+        time.sleep(300)
+
+    engines = ipp.Cluster(profile_dir=str(profile("slurm", sim, tmp_path)), log_level=40)
+    client = None
+    try:
+        with TFCluster(workers=2, engines=engines, start_timeout=120) as cluster:
+            pids = dict(zip(cluster.task_names, cluster.run(os.getpid)))
+            assert all(len(own_tmpdirs(pid)) == 1 for pid in pids.values()), {p: own_tmpdirs(p) for p in pids.values()}
+            client = engines.connect_client_sync()
+            by_pid = {client[i].apply_sync(os.getpid): i for i in client.ids}
+            cluster.kill("worker:1")
+            engine = by_pid[pids["worker:0"]]
+            client[engine].apply_async(busy)
+            wait_until(lambda: client.queue_status(targets=[engine])[engine].get("queue"), 30, "worker:0 to be busy")
+        left = {task: own_tmpdirs(pid) for task, pid in pids.items()}
+        assert not any(left.values()), f"the stop left the engines' folders: {left}"
+    finally:
+        if client is not None:
+            client.close()
+    wait_until(lambda: not sim.jobs(), 30, "the kit's jobs to leave the queue after stop()")
+    wait_until(lambda: not sim.leftovers(), 30, "the engines to end on every node")
+
+
 # ----- SSH -----------------------------------------------------------------------------------------
 def ssh_profile(sim: SimCluster, folder: Path) -> Path:
     """docs/profiles/ssh as a user edits it: the hosts, this machine's address, the ssh_config, the Python."""

@@ -29,6 +29,7 @@ def report() -> dict[str, Any]:
         "pid": os.getpid(),
         "hostname": socket.gethostname(),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),  # the job it runs in, on Slurm (kit.core.attach)
+        "slurm_node": os.environ.get("SLURMD_NODENAME"),  # and the node, as Slurm names it (kit.core.slurm)
         "tf_config": os.environ.get("TF_CONFIG"),
         "legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS"),
         "tensorflow_imported": "tensorflow" in sys.modules,
@@ -121,8 +122,8 @@ def _remove_on_sigterm_when_idle(folder: str) -> None:
     ``scancel`` or a job's time limit sends SIGTERM and, after Slurm's KillWait, SIGKILL. An idle engine gets
     the signal in its event loop, but its exit handlers come last and slowly: beside a busy loop, a cancelled
     idle engine's folder stayed in 1 of 2 runs (tests/test_slurm_ssh.py). A busy engine keeps its folder: it
-    runs on until its function returns (ipyparallel stops its loop after it), and the next engine on its host
-    removes it."""
+    runs on until its function returns (ipyparallel stops its loop after it). A cluster's stop removes it in a
+    step of the engine's job (:mod:`kit.core.slurm`); after a plain ``scancel``, the next engine on its host."""
     import shutil
     import signal
 

@@ -23,7 +23,7 @@ import psutil
 from ipyparallel.cluster.launcher import (BatchSystemLauncher, LocalControllerLauncher, LocalEngineSetLauncher,
                                          SlurmLauncher, SSHEngineSetLauncher, SSHLauncher, find_launcher_class)
 
-from . import _lifeline, _remote
+from . import _lifeline, _remote, slurm
 from .engines import Engines, engine_report, new_engine_ids, wait_for_one_more_engine
 from .errors import ClusterError, OptionError
 from .files import write_atomic
@@ -66,6 +66,7 @@ class ForeignEngines(Engines):
         self._states_at = float("-inf")
         self.last_words: str | None = None     # the controller's last commands, if it has a lifeline
         self.ssh_tmpdirs: list[tuple[SSHLauncher, str]] = []  # each SSH engine's launcher and its own TMPDIR
+        self.job_engines: list[slurm.JobEngine] = []  # each Slurm engine's job, node, pid and own TMPDIR
 
     def start(self, names: list[str], environments: dict[str, dict[str, str]]) -> dict[str, dict]:
         """Connect, start one engine set per task through the user's launcher if it has none running,
@@ -119,6 +120,9 @@ class ForeignEngines(Engines):
         pids = {reports[engine_id]["pid"]: folder for engine_id, folder in folders.items()}
         self.ssh_tmpdirs = [(launcher, pids[launcher.pid]) for launcher in self._launchers()
                             if isinstance(launcher, SSHLauncher) and launcher.pid in pids]
+        in_jobs = {i: r for i, r in reports.items() if i in folders and r.get("slurm_job_id")}
+        self.job_engines = [slurm.JobEngine(r["slurm_job_id"], r.get("slurm_node") or r["hostname"], r["pid"],
+                                            folders[i]) for i, r in in_jobs.items()]
         self._record_last_words()  # now with the SSH engines' folders
         self._states_at = float("-inf")
         return {name: reports[engine_id] for name, engine_id in chosen.items()}
@@ -222,7 +226,7 @@ class ForeignEngines(Engines):
         :data:`JOB_STATE_PERIOD_S` (a run checks its tasks every 0.2 s); a job squeue no longer shows is absent."""
         now = time.monotonic()
         if now - self._states_at >= JOB_STATE_PERIOD_S:
-            shown = _squeue(list(self._job_ids().values()))
+            shown = slurm.squeue(list(self._job_ids().values()))
             if shown is None:
                 return self._states   # squeue failed: keep the last known states
             self._states = {job: state for job, (state, _) in shown.items()}
@@ -253,8 +257,8 @@ class ForeignEngines(Engines):
     def _remove_tmpdirs(self) -> None:
         """Ask the live, idle engines of this cluster to remove their own TMPDIR before they are killed (one
         bounded round). A busy SSH engine's folder goes over ssh after its SIGKILL
-        (:func:`_remove_ended_engines_tmpdirs`); a busy or dead Slurm engine's, when the next engine starts on
-        its host."""
+        (:func:`_remove_ended_engines_tmpdirs`); a Slurm engine's, busy or gone, in an ``srun`` step
+        (:func:`kit.core.slurm.end_engines_and_remove_folders`)."""
         # a task known lost (its Slurm job ended) is skipped: its engine may still look registered, and the
         # round would wait out its bound for it (10 s after a plain scancel in tests/test_slurm_ssh.py)
         if self.client is None:
@@ -278,7 +282,7 @@ class ForeignEngines(Engines):
         jobs = self._job_ids()
         if not jobs:
             return ""
-        shown = _squeue(list(jobs.values())) or {}
+        shown = slurm.squeue(list(jobs.values())) or {}
         states = {job: f"{state}, reason: {reason}" if reason and reason != "None" else state
                   for job, (state, reason) in shown.items()}
         described = [f"{set_id} job {job} ({states.get(job, 'no longer in the queue')})" for set_id, job in jobs.items()]
@@ -289,6 +293,11 @@ class ForeignEngines(Engines):
         away), then stop the sets through the user's launcher."""
         self.retired_ids.update(self.client.ids if self.client is not None else [])
         self._remove_tmpdirs()
+        if self.job_engines:  # busy ones too: in a step of their job, the folder first, then the engine
+            states = slurm.squeue(sorted({engine.job for engine in self.job_engines})) or {}
+            slurm.end_engines_and_remove_folders(
+                self.job_engines, {job for job, (state, _) in states.items() if state in RUNNING_JOB_STATES})
+            self.job_engines = []
         for set_id in self.owned_sets:
             for launcher in self._set_launchers(set_id):
                 try:
@@ -349,20 +358,6 @@ def _remove_ended_engines_tmpdirs(folders: list[tuple[SSHLauncher, str]]) -> Non
         if done.returncode:
             log.warning("ssh to %s could not remove the engines' temporary folders (exit %s): %s",
                         argv[-1], done.returncode, done.stderr.strip())
-
-
-def _squeue(jobs: list[str]) -> dict[str, tuple[str, str]] | None:
-    """Job id → (state, reason) of ``jobs`` as ``squeue`` shows them (a finished job is absent); None if squeue
-    failed, with a warning."""
-    if not jobs:
-        return {}
-    shown = subprocess.run(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i %T %r"], capture_output=True,
-                           text=True, timeout=30)
-    if shown.returncode != 0 and "Invalid job id" not in shown.stderr:
-        log.warning("squeue failed (the jobs' states are unknown): %s", shown.stderr.strip())
-        return None
-    rows = (line.split(None, 2) + ["", ""] for line in shown.stdout.splitlines() if line.strip())
-    return {job: (state, reason.strip()) for job, state, reason, *_ in rows}
 
 
 def assign_tasks(names: list[str], reports: dict[int, dict], jobs: dict[str, str | None]) -> dict[str, int]:
