@@ -294,9 +294,8 @@ class ForeignEngines(Engines):
         self.retired_ids.update(self.client.ids if self.client is not None else [])
         self._remove_tmpdirs()
         if self.job_engines:  # busy ones too: in a step of their job, the folder first, then the engine
-            states = slurm.squeue(sorted({engine.job for engine in self.job_engines})) or {}
             slurm.end_engines_and_remove_folders(
-                self.job_engines, {job for job, (state, _) in states.items() if state in RUNNING_JOB_STATES})
+                self.job_engines, {job for job, state in self._slurm_states().items() if state in RUNNING_JOB_STATES})
             self.job_engines = []
         for set_id in self.owned_sets:
             for launcher in self._set_launchers(set_id):

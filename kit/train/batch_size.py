@@ -46,13 +46,14 @@ def tune(run: Callable[[float, int], dict[str, Any]], budget: int, *, lrs: Seque
          start: float | None = None, also: Sequence[float] = ()) -> list[dict[str, Any]]:
     """The runs of one batch size over the grid ``lrs``, searched outward from ``start``.
 
-    ``run(learning_rate, max_steps)`` trains one run of at most ``budget`` steps (notebook 10's ``train_to_target`` on a task) and returns
-    its row: ``steps`` (None unless reached), ``status`` and ``ran_steps``. From the grid value nearest ``start``
-    (default: the middle), the search goes up, then down, until two rates in a row are no better than the best
-    (or fail): the best rate is then inside the tried range, as Shallue et al. require of a tuned point. Once
-    a run is known, later ones get ``max_steps`` of twice its steps: past that they are slower than the best,
-    and their exact count does not matter. ``also``: rates run in any case (e.g. the linear scaling rule's),
-    reported with ``on_grid=False``. Each row gets its ``learning_rate`` and ``on_grid``.
+    ``run(learning_rate, max_steps)`` trains one run of at most ``budget`` steps (notebook 10's
+    ``train_to_target`` on a task) and returns its row: ``steps`` (None unless reached), ``status`` and
+    ``ran_steps``. From the grid value nearest ``start`` (default: the middle), the search goes up, then down,
+    until two rates in a row are no better than the best (or fail): the best rate is then inside the tried
+    range, as Shallue et al. require of a tuned point. Once a run is known, later ones get ``max_steps`` of twice
+    its steps: past that they are slower than the best, and their exact count does not matter. ``also``: rates
+    run in any case (e.g. the linear scaling rule's), reported with ``on_grid=False``. Each row gets its
+    ``learning_rate`` and ``on_grid``.
     """
     grid = sorted(float(lr) for lr in lrs)
     if not grid:
