@@ -95,7 +95,7 @@ exercises: $(STAMP) netns-tools  ## run every parameter-only exercise of the not
 quick: $(STAMP)  ## the fast loop: pytest -m "not slow"
 	$(BIN)/python -m pytest -m "not slow" tests
 
-# notebooks 00, 01 and 05 run in JupyterLab in tests/test_browser.py (widgets, all their asserts);
+# notebooks 00, 01, 05 and 12 run in JupyterLab in tests/test_browser.py (widgets, all their asserts);
 # every other notebook runs here, with the text view. That run is also the proof that each fits a
 # mybinder.org session: as root, inside a cgroup with Binder's 2 GiB of memory (tools/binder_cgroup.py),
 # and notebook 07 (chief, 2 workers, ps) with Binder's 1 CPU as well, each with a Jupyter server
@@ -121,7 +121,8 @@ EXECUTED := out/executed
 NBVAL_ALL := $(BIN)/python -m pytest --nbval-lax --nbval-kernel-name binder-cgroup --nbval-cell-timeout=900 \
 	-p no:cacheprovider --ignore=notebooks/out $(NOT_ON_BINDER) -p tools.nbval_executed --nbval-executed $(EXECUTED)
 NBVAL := $(NBVAL_ALL) --ignore=notebooks/00-tf-config-and-clusters.ipynb \
-	--ignore=notebooks/01-single-vs-multi-worker.ipynb --ignore=notebooks/05-fault-tolerance.ipynb
+	--ignore=notebooks/01-single-vs-multi-worker.ipynb --ignore=notebooks/05-fault-tolerance.ipynb \
+	--ignore=notebooks/12-keras3-jax.ipynb
 # As root, the kernels (and every cluster they start) run as the ordinary user jovyan with new namespaces refused,
 # as mybinder.org runs them (user jovyan, Docker's seccomp profile; tools/sandbox.py), writing only in notebooks/ and out/
 AS_LEARNER := $(shell [ "$$(id -u)" = 0 ] && command -v setfacl >/dev/null && echo --as-user jovyan --writable notebooks --writable out)
@@ -138,7 +139,7 @@ notebooks: $(STAMP) netns-tools
 	  -p no:cacheprovider tests/test_binder_fit.py::test_the_notebook_run_fit_in_binder_limits; c=$$?; \
 	test $$a$$b$$c = 000
 
-# every notebook (00, 01 and 05 too) in one cgroup of Binder's size, 2 GiB and 1 CPU, with the Jupyter
+# every notebook (00, 01, 05 and 12 too) in one cgroup of Binder's size, 2 GiB and 1 CPU, with the Jupyter
 # server inside, then the same check
 binder: $(STAMP)  ## every notebook inside Binder's limits, as root -> out/binder.json, out/binder.xml
 	rm -f out/binder.json out/binder.xml out/binder.server.log

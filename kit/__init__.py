@@ -4,7 +4,7 @@
 
 The package has three layers, one subpackage each (docs/architecture.md):
 
-- :mod:`kit.core`, the cluster: ``TFCluster`` and ``HorovodCluster``, their engines (local ones, or
+- :mod:`kit.core`, the cluster: ``TFCluster``, ``HorovodCluster`` and ``JaxCluster``, their engines (local ones, or
   engines from elsewhere), TF_CONFIG, options, errors, the live view and the run loop. Runs in the
   notebook's kernel and never imports TensorFlow there.
 - :mod:`kit.train`, code that runs on the engines (the TF tasks): MNIST, models, strategies,
@@ -24,11 +24,12 @@ from .core.errors import (ClusterError, ExposedPortsWarning, FailuresExhaustedEr
                           MemoryLimitWarning, OptionError, TFConfigError, WorkerError)
 
 __version__ = "0.1.0"
-__all__ = ["TFCluster", "HorovodCluster", "ClusterOptions", "RunOptions", "TaskInfo", "Link", "KitError", "TFConfigError",
+__all__ = ["TFCluster", "HorovodCluster", "JaxCluster", "ClusterOptions", "RunOptions", "TaskInfo", "Link", "KitError", "TFConfigError",
            "ClusterError", "OptionError", "WorkerError", "FailuresExhaustedError", "GridError",
            "ExposedPortsWarning", "MemoryLimitWarning", "launch", "free_ports", "Progress", "OnTask", "core", "train", "tools"]
 
-_LAZY = {"TFCluster": "core.cluster", "HorovodCluster": "core.horovod", "ClusterOptions": "core.options",
+_LAZY = {"TFCluster": "core.cluster", "HorovodCluster": "core.horovod", "JaxCluster": "core.keras_jax",
+         "ClusterOptions": "core.options",
          "RunOptions": "core.options", "TaskInfo": "core.options", "Link": "core.links",
          "launch": "core.plain", "free_ports": "core.plain", "Progress": "train.progress",
          "OnTask": "train.progress"}

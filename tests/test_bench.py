@@ -150,12 +150,14 @@ def test_the_ceiling_row_reports_each_two_worker_variant_as_a_share_of_two_proce
            "2 workers tuned 0.33" in text
 
 
-@pytest.mark.slow  # a two-task cluster and two plain processes: ~40 s
+@pytest.mark.slow  # a two-task cluster, two Keras 3 + JAX processes and two plain processes: ~60 s
 def test_the_ceiling_sums_two_processes_and_the_plain_launch_keeps_tensorflows_lines_out_of_the_output(capfd):
     from kit.tools import bench, launch_bench
 
-    row = bench.measure_ceiling(32, epochs=2, steps=5)
-    assert row["examples_per_second"] > 0 and row["keras"]
+    row = bench.measure_variant(bench.CEILING, 32, epochs=2, steps=5)
+    assert row["examples_per_second"] > 0 and row["keras"], row
+    jax = bench.measure_variant("2 jax", 32, epochs=2, steps=5)
+    assert jax["examples_per_second"] > 0 and jax["keras"] == "keras3 (jax)", jax
     marks = launch_bench.plain_launch(workers=2, epochs=1, steps_per_epoch=3)
     assert len(marks) == 2 and all(m["first_step"] > 0 for m in marks)
     out, err = capfd.readouterr()

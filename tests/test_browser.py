@@ -1,4 +1,4 @@
-"""The browser test: notebooks 00, 01 and 05 as a learner meets them, run in JupyterLab in Chromium.
+"""The browser test: notebooks 00, 01, 05 and 12 as a learner meets them, run in JupyterLab in Chromium.
 
 nbval runs each notebook in a kernel without a frontend, so it cannot see what JupyterLab shows: a
 live view that never renders or stays "running", a figure that is an empty box, red blocks of
@@ -49,11 +49,12 @@ OUT = REPO / "out" / "browser"
 #: Each notebook as JupyterLab ran it, with its outputs, for `make site` (tools/build_site.py).
 EXECUTED = REPO / "out" / "executed"
 
-NOTEBOOKS = ["00-tf-config-and-clusters.ipynb", "01-single-vs-multi-worker.ipynb", "05-fault-tolerance.ipynb"]
+NOTEBOOKS = ["00-tf-config-and-clusters.ipynb", "01-single-vs-multi-worker.ipynb", "05-fault-tolerance.ipynb",
+             "12-keras3-jax.ipynb"]
 #: Notebooks that draw figures: each must show at least one image, and every image must have a size.
 PLOTTING = {"01-single-vs-multi-worker.ipynb", "05-fault-tolerance.ipynb"}
 #: Notebooks whose runs must show the live view (``table.kit-view``, one ``tr[data-kit-task]`` per task).
-LIVE_VIEW = {"01-single-vs-multi-worker.ipynb", "05-fault-tolerance.ipynb"}
+LIVE_VIEW = {"01-single-vs-multi-worker.ipynb", "05-fault-tolerance.ipynb", "12-keras3-jax.ipynb"}
 #: Runs that fail on purpose, to teach the error: (notebook, function in the view's title or the first
 #: line of the cell that runs it, task). Their row must end "failed"; every other row of every view must
 #: end "done". (05 runs the same `train` in every cell: its kill is told by the cell.)
@@ -61,7 +62,13 @@ FAILS_ON_PURPOSE = {("00-tf-config-and-clusters.ipynb", "fail_on_worker_1", "wor
                     ("05-fault-tolerance.ipynb", "def kill_after_step(task, step):", "worker:1"),
                     # its peer was killed: TensorFlow aborts its collective (UnavailableError) within a
                     # second, and the kit waits up to FAILED_PEERS_GRACE_SECONDS for that before it raises
-                    ("05-fault-tolerance.ipynb", "def kill_after_step(task, step):", "worker:0")}
+                    ("05-fault-tolerance.ipynb", "def kill_after_step(task, step):", "worker:0"),
+                    # 12's process 1 is killed (process 0's all-reduce then fails at once), then raises (process 0
+                    # waits in its all-reduce, and the kit ends it)
+                    ("12-keras3-jax.ipynb", "def run_until_stopped(how):", "worker:1"),
+                    ("12-keras3-jax.ipynb", "def run_until_stopped(how):", "worker:0"),
+                    ("12-keras3-jax.ipynb", 'raised = run_until_stopped("raise")', "worker:1"),
+                    ("12-keras3-jax.ipynb", 'raised = run_until_stopped("raise")', "worker:0")}
 #: TensorFlow's C++ start-up lines that the kit hides; none may reach a stderr block in the page.
 NOISE = ("cuInit", "oneDNN", "cpu_feature_guard", "absl::InitializeLog")
 

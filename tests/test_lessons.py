@@ -16,7 +16,7 @@ NOTEBOOKS = REPO / "notebooks"
 
 # ----- every training notebook: its workers run a plain lesson that exports ---------------------------------
 #: The notebooks that train: every one of them teaches a script a learner can take home.
-TRAINING = ["01", "03", "03b", "04", "05", "06", "07", "08", "09", "09b", "10", "10b", "11"]
+TRAINING = ["01", "03", "03b", "04", "05", "06", "07", "08", "09", "09b", "10", "10b", "11", "12"]
 NOT_YET = ()
 #: Callables of the kit that a notebook may run on its tasks: plumbing, not a lesson (start plain processes,
 #: pick ports, list addresses), each named here with its reason.

@@ -26,7 +26,7 @@ def pyproject_pins():
 def environment_pins(path):
     pins = {}
     for line in path.read_text().splitlines():
-        match = re.match(r"\s+- ([A-Za-z0-9_.-]+)==([^\s#]+)", line)
+        match = re.match(r"\s+- ([A-Za-z0-9_.\[\]-]+)==([^\s#]+)", line)
         if match:
             pins[match[1]] = match[2]
     return pins

@@ -324,6 +324,27 @@ def test_a_busy_and_a_killed_slurm_engine_leave_no_folder_once_the_cluster_stops
     wait_until(lambda: not sim.leftovers(), 30, "the engines to end on every node")
 
 
+def test_a_keras3_jax_job_trains_on_slurm_nodes_as_one_process_does(sim, slurm_env, tmp_path):
+    """A JaxCluster on two Slurm nodes (one process per host, over the emulated network): each process gets the job's
+    addresses (its node's, process 0's first), and the two train, DataParallel, to the losses of one process."""
+    from kit.core.keras_jax import JaxCluster
+    from kit.train.jax_fit import train_mnist
+
+    engines = ipp.Cluster(profile_dir=str(profile("slurm", sim, tmp_path)), log_level=40)
+    with JaxCluster(workers=2, engines=engines, start_timeout=120) as cluster:
+        assert sorted(cluster.run(socket.gethostname)) == ["h1", "h2"]  # one process per node
+        addresses = cluster.jax_env["worker:1"]["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",")
+        assert addresses == [t.address for t in cluster.tasks] and not addresses[0].startswith("127."), addresses
+        two = cluster.with_options(stream=False).run(train_mnist, per_worker_batch=16, epochs=2, steps_per_epoch=4)
+    with JaxCluster(workers=1) as one:
+        [single] = one.with_options(stream=False).run(train_mnist, per_worker_batch=32, epochs=2, steps_per_epoch=4)
+    assert two[0]["loss"] == two[1]["loss"], f"expected both nodes to log the same losses, measured {two}"
+    np.testing.assert_allclose(two[0]["loss"], single["loss"], rtol=1e-4,
+                               err_msg="expected the two nodes to train as one process with the global batch")
+    wait_until(lambda: not sim.jobs(), 30, "the kit's jobs to leave the queue after stop()")
+    wait_until(lambda: not sim.leftovers(), 30, "the engines to end on every node")
+
+
 # ----- SSH -----------------------------------------------------------------------------------------
 def ssh_profile(sim: SimCluster, folder: Path) -> Path:
     """docs/profiles/ssh as a user edits it: the hosts, this machine's address, the ssh_config, the Python."""

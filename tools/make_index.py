@@ -46,10 +46,10 @@ HEADER = """# Notebooks
 
 Run them in order: each one builds on the ones before it, starts its own cluster and stops it again.
 Each has one cell tagged `parameters` whose small defaults run in about two minutes on two cores.
-Where a notebook says *the seeds*, it means the example code it starts from and checks against TensorFlow 2.21:
-TensorFlow's multi-worker tutorial with Keras (its `mnist_dataset`, `build_and_compile_cnn_model` and `main.py`)
-and the short write-ups in the same style that the notebooks quote (Horovod's Keras recipe, parameter servers,
-scaling); a claim of theirs that no longer holds is corrected where it comes up.
+They start from TensorFlow's tutorial "Multi-worker training with Keras" (its `mnist_dataset`,
+`build_and_compile_cnn_model` and `main.py`), run under TensorFlow 2.21, and name every other source where they quote
+it (Horovod's Keras recipe, TensorFlow's parameter-server tutorial, Keras's distribution guide, the papers on
+batch size); a claim of a source that no longer holds is corrected where it comes up.
 
 | # | notebook | what it does |
 |---|---|---|

@@ -19,6 +19,7 @@
 - :mod:`.view`: the live view of a run.
 - :mod:`.limits`: memory and CPU limits (cgroups), out-of-memory reports.
 - :mod:`.horovod`: ``HorovodCluster``, horovodrun over the same engines.
+- :mod:`.keras_jax`: ``JaxCluster``, Keras 3 on JAX processes over the same engines (their job variables, checked).
 - :mod:`.links`: emulated links between hosts (``Link``; a namespace per task, veth, tc) and the ring model.
 - ``_boot``, ``_lifeline``, ``_netns``, ``_remote``, ``_controller``: how the controller and engines start,
   how they end with the kernel, the private network, and the small functions the cluster runs on its engines.

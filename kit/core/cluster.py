@@ -302,6 +302,11 @@ class TFCluster:
                                     configs[name], client[reports[name]["engine_id"]]) for name in self.task_names}
         self._group = TaskGroup(records, engines, self._memory, self._mark_stale)
         self.state = State(Phase.READY)
+        self._configure_tasks()
+
+    def _configure_tasks(self) -> None:
+        """What a kind of cluster gives its ready tasks at every start and restart (HorovodCluster: its ranks,
+        JaxCluster: its processes' variables); a failure stops a start and leaves a restart's cluster stale."""
 
     # ----- state ------------------------------------------------------------------------------
     def _require_started(self) -> None:

@@ -112,22 +112,6 @@ class HorovodCluster(TFCluster):
 
         return pd.DataFrame([dataclasses.asdict(r) for r in self.ranks]).set_index("task")
 
-    def start(self) -> "HorovodCluster":
-        """Start one engine per rank, the rendezvous server on rank 0, and give every rank its variables."""
-        super().start()
-        try:
-            self._setup_horovod()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def restart(self) -> "HorovodCluster":
-        """Fresh engines, a fresh rendezvous server, the same ranks."""
-        super().restart()
-        self._setup_horovod()
-        return self
-
     def stop(self) -> None:
         """Stop every engine (the rendezvous server ends with rank 0's) and the controller."""
         self.rendezvous = None
@@ -138,8 +122,8 @@ class HorovodCluster(TFCluster):
         state = "running" if self.started else "stopped"
         return f"<HorovodCluster {len(self.task_names)} ranks ({state})>"
 
-    # ----- set-up -----------------------------------------------------------------------------
-    def _setup_horovod(self) -> None:
+    # ----- set-up: at every start and restart, the rendezvous server on rank 0 and every rank's variables -----
+    def _configure_tasks(self) -> None:
         group = self.task_group()
         tasks = [group.info(name) for name in group.names]
         engine = {t.name: group.engine(t.name) for t in tasks}

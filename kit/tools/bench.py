@@ -39,7 +39,7 @@ GOALS = {
 #: Every variant the throughput section can measure, in the order of the table; "fastest" is the best
 #: two-worker one. Efficiency = a two-worker variant's examples/s ÷ the best single process's.
 VARIANTS = ("tf-keras single", "keras3 single", "2 alone", "2 workers", "2 workers tuned", "2 Horovod",
-            "2 Horovod tuned", "2 Horovod fp16")
+            "2 Horovod tuned", "2 Horovod fp16", "jax single", "2 jax")
 #: The ceiling: two processes that each train the model on their own data on the same cores, with no all-reduce
 #: (the sum of their examples/s). A two-worker variant's share of it says what the all-reduce costs, apart from
 #: what two processes can do on these cores at all.
@@ -47,7 +47,7 @@ CEILING = "2 alone"
 #: variant → the key of its efficiency in a report row
 EFFICIENCY_KEYS = {"2 workers": "efficiency", "2 workers tuned": "efficiency_tuned",
                    "2 Horovod": "efficiency_horovod", "2 Horovod tuned": "efficiency_horovod_tuned",
-                   "2 Horovod fp16": "efficiency_horovod_fp16"}
+                   "2 Horovod fp16": "efficiency_horovod_fp16", "2 jax": "efficiency_jax"}
 #: Horovod's tuned variant: ten steps per call into TensorFlow, as the MWMS one (its fp16 is a variant
 #: of its own: on these CPUs the casts cost more than the halved all-reduce saves)
 HOROVOD_TUNED = {"steps_per_execution": 10}
@@ -117,30 +117,16 @@ def measure_throughput(workers: int, keras: str, per_worker_batch: int, epochs: 
     return row
 
 
-def measure_ceiling(per_worker_batch: int, epochs: int, steps: int) -> dict[str, Any]:
-    """:data:`CEILING`: two tasks that each train at ``per_worker_batch`` with the default strategy (no
-    collectives), at the same time; their examples/s summed."""
-    from ..core.cluster import TFCluster
-    from ..train.fit import train_mnist
-
-    with TFCluster(workers=2) as cluster:
-        results = cluster.with_options(stream=False).run(train_mnist, per_worker_batch=per_worker_batch, epochs=epochs,
-                                                         steps_per_epoch=steps, strategy="default", verbose=0)
-    return {"examples_per_second": sum(r["examples_per_second"] for r in results), "keras": results[0]["keras"]}
-
-
-def measure_horovod_throughput(per_worker_batch: int, epochs: int, steps: int,
-                               **training: Any) -> dict[str, Any]:
-    """Steady-state examples/s of the tutorial's CNN on two Horovod ranks (Gloo), Horovod's Keras recipe
-    (:func:`kit.train.horovod_fit.train_mnist`), at the same per-worker batch as the MWMS variants."""
-    from ..core.horovod import HorovodCluster
-    from ..train.horovod_fit import train_mnist
-
-    with HorovodCluster(workers=2) as cluster:
-        results = cluster.with_options(stream=False).run(train_mnist, per_worker_batch=per_worker_batch,
-                                                         epochs=epochs, steps_per_epoch=steps, verbose=0,
-                                                         **training)
-    return {"examples_per_second": results[0]["examples_per_second"], "keras": results[0]["keras"]}
+def measure_on(cluster_class: type, train: Callable, per_worker_batch: int, epochs: int, steps: int,
+               workers: int = 2, **training: Any) -> dict[str, Any]:
+    """Examples/s of ``train`` (one of the recipes: ``kit.train.fit``, ``horovod_fit``, ``jax_fit``'s ``train_mnist``)
+    on ``workers`` tasks of a fresh ``cluster_class``: the first task's, or the sum for :data:`CEILING`."""
+    with cluster_class(workers=workers) as cluster:
+        results = cluster.with_options(stream=False).run(train, per_worker_batch=per_worker_batch, epochs=epochs,
+                                                         steps_per_epoch=steps, verbose=0, **training)
+    alone = training.get("strategy") == "default" and workers > 1  # the ceiling: each task on its own
+    rate = sum(r["examples_per_second"] for r in results) if alone else results[0]["examples_per_second"]
+    return {"examples_per_second": rate, "keras": results[0]["keras"]}
 
 
 def measure_variant(variant: str, batch: int, epochs: int, steps: int, memory: bool = False) -> dict[str, Any]:
@@ -149,18 +135,28 @@ def measure_variant(variant: str, batch: int, epochs: int, steps: int, memory: b
         return measure_throughput(1, "tf-keras", batch, epochs, steps)
     if variant == "keras3 single":
         return measure_throughput(1, "keras3", batch, epochs, steps)
-    if variant == CEILING:
-        return measure_ceiling(batch, epochs, steps)
+    if variant == CEILING:  # two tasks training alone (the default strategy: no collectives) at the same time
+        from ..core.cluster import TFCluster
+        from ..train.fit import train_mnist
+
+        return measure_on(TFCluster, train_mnist, batch, epochs, steps, strategy="default")
     if variant == "2 workers":
         return measure_throughput(2, "tf-keras", batch, epochs, steps, memory=memory)
     if variant == "2 workers tuned":
         return measure_throughput(2, "tf-keras", batch, epochs, steps, **TUNED)
-    if variant == "2 Horovod":
-        return measure_horovod_throughput(batch, epochs, steps)
-    if variant == "2 Horovod tuned":
-        return measure_horovod_throughput(batch, epochs, steps, **HOROVOD_TUNED)
-    if variant == "2 Horovod fp16":
-        return measure_horovod_throughput(batch, epochs, steps, compression="fp16")
+    if "Horovod" in variant:  # Horovod's Keras recipe on two ranks (Gloo), at the MWMS variants' per-worker batch
+        from ..core.horovod import HorovodCluster
+        from ..train.horovod_fit import train_mnist as horovod_recipe
+
+        tuning = {"2 Horovod": {}, "2 Horovod tuned": HOROVOD_TUNED, "2 Horovod fp16": {"compression": "fp16"}}[variant]
+        return measure_on(HorovodCluster, horovod_recipe, batch, epochs, steps, **tuning)
+    if variant in ("jax single", "2 jax"):  # Keras 3 on JAX, DataParallel; one process at the global batch of two
+        from ..core.keras_jax import JaxCluster
+        from ..train.jax_fit import train_mnist as jax_recipe
+
+        single = variant == "jax single"
+        return measure_on(JaxCluster, jax_recipe, batch * 2 if single else batch, epochs, steps,
+                          workers=1 if single else 2)
     raise OptionError("variant", f"{variant!r} is unknown", f"use one of {', '.join(VARIANTS)}")
 
 
@@ -335,7 +331,8 @@ def format_report(report: dict[str, Any]) -> str:
                          ", ".join(f"{v} {share:.2f}" for v, share in row["of_ceiling"].items()))
     lines.append("(tuned: " + ", ".join(f"{k}={v}" for k, v in TUNED.items()) + "; Horovod: Horovod's Keras "
                  "recipe, kit.train.horovod_fit.train_mnist, Gloo; Horovod tuned: steps_per_execution=10; "
-                 "fp16: hvd.Compression.fp16; " + CEILING + ": two processes training alone at the same time, summed)")
+                 "fp16: hvd.Compression.fp16; jax: Keras 3 on JAX, DataParallel, kit.train.jax_fit.train_mnist; " +
+                 CEILING + ": two processes training alone at the same time, summed)")
     lines.append("")
     for key, goal in report.get("goals", {}).items():
         lines.append(f"{key:<21} {goal['value']:>10.2f}  goal {goal['target']:<8} "

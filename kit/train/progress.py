@@ -17,6 +17,7 @@ passes :class:`OnTask` objects (``kit.Progress(batch_size)``), which become Kera
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -187,10 +188,17 @@ def callback(batch_size: int | None = None, summed_over: int | None = None,
     ``summed_over``: the number of replicas whose per-batch losses tf-keras adds up; None reads it
     from the model's strategy (:func:`summed_replicas`), so step and epoch losses agree.
     ``logged_loss`` keeps the per-batch ``logs["loss"]`` as tf-keras logged it (not divided).
+    In a process of a :class:`kit.JaxCluster` (``KERAS_BACKEND=jax``) it is a Keras 3 callback, and each
+    process logs its own loss (``summed_over`` 1).
     """
-    tf = import_tensorflow()
+    if os.environ.get("KERAS_BACKEND") == "jax":
+        import keras
 
-    class Progress(tf.keras.callbacks.Callback):
+        base, summed_over = keras.callbacks.Callback, summed_over or 1
+    else:
+        base = import_tensorflow().keras.callbacks.Callback
+
+    class Progress(base):  # type: ignore[misc,valid-type]
         def __init__(self) -> None:
             super().__init__()
             self.meter = Meter(batch_size, period)

@@ -1,0 +1,225 @@
+"""JaxCluster: Keras 3 on JAX, one process per ipyparallel engine, as ``keras.distribution`` runs it.
+
+    with kit.JaxCluster(workers=2) as cluster:
+        results = cluster.run(train_fn)     # train_fn calls keras.distribution.initialize() first
+
+Keras 3 trains over several processes the way its distribution guide shows: every process is given the
+job's addresses (the first is the coordinator's), the number of processes and its own id, and calls
+``keras.distribution.initialize()``, which reads them from ``KERAS_DISTRIBUTION_JOB_ADDRESSES``,
+``KERAS_DISTRIBUTION_NUM_PROCESSES`` and ``KERAS_DISTRIBUTION_PROCESS_ID`` and calls
+``jax.distributed.initialize``. A JaxCluster is a :class:`kit.TFCluster` (same start, run, live view,
+kill, restart, stop) whose tasks ``worker:0 … worker:N-1`` are processes 0 … N-1. The ports the kit
+picks, opens and checks for TF_CONFIG become the job's addresses (process 0's is where JAX's coordinator
+listens), and each engine gets, in place of TF_CONFIG and before JAX or Keras is imported there:
+``KERAS_BACKEND=jax``, ``JAX_PLATFORMS=cpu`` and Gloo for JAX's collectives across processes on CPU
+(``JAX_CPU_COLLECTIVES_IMPLEMENTATION``).
+
+By default its engines see no TensorFlow, as on a machine where only Keras and JAX are installed: with
+TensorFlow installed, ``keras.distribution.initialize()`` imports it (to seed it, through
+``keras.utils.set_random_seed``): notebook 12's training then peaked at 1,032-1,116 MiB per process instead of
+600 (docs/performance.md, change 25). ``JaxCluster(tensorflow=True)`` lets a function use ``tf.data``, at that cost.
+
+JAX's collectives have no timeout. A process that dies closes its sockets, and the others' all-reduce fails at
+once (Gloo: the connection was closed or reset by its peer); but a process whose function raises lives on, and
+the others wait in their all-reduce for ever. A failed run names the process that failed first (as for
+TensorFlow tasks), and when others were left running (the cluster is stale) the JaxCluster ends every engine;
+``restart()`` gives fresh ones.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any, Callable
+
+from . import tfconfig
+from .cluster import Phase, TFCluster
+from .errors import ClusterError, OptionError, TFConfigError
+
+#: The JAX release the kit tests (pyproject.toml pins ``jax[cpu]`` to it).
+JAX_VERSION = "0.10.2"
+_INSTALL = f"pip install 'jax[cpu]=={JAX_VERSION}' (the kit's pin) into the engines' Python"
+
+#: The variables ``keras.distribution.initialize()`` reads.
+ADDRESSES, PROCESSES, PROCESS_ID = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
+                                    "KERAS_DISTRIBUTION_PROCESS_ID")
+#: What every process gets besides them: Keras on JAX, JAX on the CPU, and Gloo, without which JAX has no
+#: collectives between processes on CPU.
+BACKEND = {"KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+
+
+def job_environment(addresses: list[str], process_id: int) -> dict[str, str]:
+    """Process ``process_id``'s variables for a job whose processes listen at ``addresses`` (checked)."""
+    env = {**BACKEND, ADDRESSES: ",".join(addresses), PROCESSES: str(len(addresses)), PROCESS_ID: str(process_id)}
+    check_job_environment(env)
+    return env
+
+
+def check_job_environment(env: dict[str, str]) -> dict[str, Any]:
+    """Check one process's variables as ``keras.distribution.initialize()`` and JAX will read them; return
+    ``{"addresses", "processes", "process_id", "coordinator"}``. Raises OptionError naming the variable."""
+    for name in (ADDRESSES, PROCESSES, PROCESS_ID, *BACKEND):
+        if name not in env:
+            raise OptionError(name, "is not set", f"set {name} (see kit.core.keras_jax.job_environment)")
+    for name, value in BACKEND.items():
+        if env[name] != value:
+            raise OptionError(name, f"is {env[name]!r}, but a JaxCluster's processes need {value!r}",
+                              f"leave {name} out of env= (the kit sets it)")
+    addresses = env[ADDRESSES].split(",")
+    for address in addresses:
+        try:
+            tfconfig.parse_address(address, ADDRESSES)
+        except TFConfigError as error:
+            raise OptionError(ADDRESSES, f"{address!r} is not a host:port address ({error.problem})",
+                              "give every process as host:port, process 0's first") from None
+    if len(set(addresses)) != len(addresses):
+        raise OptionError(ADDRESSES, f"lists an address twice ({env[ADDRESSES]})", "give each process its own port")
+    try:
+        processes, process_id = int(env[PROCESSES]), int(env[PROCESS_ID])
+    except ValueError:
+        raise OptionError(PROCESSES, f"{PROCESSES}={env[PROCESSES]!r} and {PROCESS_ID}={env[PROCESS_ID]!r} "
+                                     "must be whole numbers", "set them to N and 0..N-1") from None
+    if processes != len(addresses):
+        raise OptionError(PROCESSES, f"says {processes} processes but {ADDRESSES} lists {len(addresses)}",
+                          f"set {PROCESSES} to the number of addresses")
+    if not 0 <= process_id < processes:
+        raise OptionError(PROCESS_ID, f"is {process_id}, outside 0..{processes - 1}",
+                          f"give each process its own id from 0 to {processes - 1}")
+    return {"addresses": addresses, "processes": processes, "process_id": process_id,
+            "coordinator": addresses[0]}
+
+
+class JaxCluster(TFCluster):
+    """Keras 3 + JAX processes on ipyparallel engines: ``JaxCluster(workers=2)`` gives processes 0 and 1.
+
+    Options are TFCluster's (:class:`kit.ClusterOptions`), less those of TensorFlow's own tasks (``chief``,
+    ``ps``, ``evaluator``, ``keras``, ``preload``), and ``tensorflow`` (default False: the engines see no
+    TensorFlow, as where only Keras and JAX are installed). ``cluster.jax_env`` has each engine's variables. A function
+    run on the cluster calls ``keras.distribution.initialize()`` first, as in a script.
+    """
+
+    def __init__(self, workers: int = 2, *, tensorflow: bool = False, **options: Any):
+        if not isinstance(tensorflow, bool):
+            raise OptionError("tensorflow", f"{tensorflow!r} is not True or False",
+                              "tensorflow=True lets your function import TensorFlow (for tf.data)")
+        self.tensorflow = tensorflow  #: whether the engines may import TensorFlow
+        for name in ("chief", "ps", "evaluator"):
+            if options.get(name):
+                raise OptionError(name, "a JaxCluster has only processes, all alike (process 0 coordinates)",
+                                  f"leave {name} out and ask for workers=N, which gives processes 0..N-1")
+        for name in ("keras", "preload"):
+            if name in options:
+                raise OptionError(name, "a JaxCluster's engines run Keras 3 on JAX and never import TensorFlow "
+                                        "before your function does", f"leave {name} out")
+        super().__init__(workers, **{**options, "keras": "keras3", "preload": False})
+        self._jax_env: dict[str, dict[str, str]] = {}
+
+    @property
+    def jax_env(self) -> dict[str, dict[str, str]]:
+        """The variables each engine was given, by task name."""
+        self._require_started()
+        return {name: dict(self._jax_env[name]) for name in self.task_names}
+
+    @property
+    def tf_configs(self) -> dict[str, dict]:
+        raise ClusterError("a JaxCluster's engines have no TF_CONFIG: Keras finds the other processes through "
+                           f"{ADDRESSES}", fix="see cluster.jax_env")
+
+    def describe(self):
+        """Each process: its task, id, address, pid (a pandas DataFrame, for a notebook)."""
+        import pandas as pd
+
+        rows = [{"task": t.name, "process_id": int(self._jax_env[t.name][PROCESS_ID]), "address": t.address,
+                 "pid": t.pid} for t in self.tasks]
+        return pd.DataFrame(rows).set_index("task")
+
+    def stop(self) -> None:
+        self._jax_env = {}
+        super().stop()
+
+    def run(self, fn: Callable, *args: Any, **kwargs: Any) -> list:
+        """As :meth:`TFCluster.run`; a run that left processes waiting in a collective ends them all (JAX's wait has
+        no end)."""
+        return self.with_options().run(fn, *args, **kwargs)
+
+    def with_options(self, **options: Any) -> "EndsWaiting":
+        """As :meth:`TFCluster.with_options`, with the same end for processes left waiting as :meth:`run`."""
+        return EndsWaiting(self, super().with_options(**options))
+
+    def __repr__(self) -> str:
+        return f"<JaxCluster {len(self.task_names)} processes ({'running' if self.started else 'stopped'})>"
+
+    def end_waiting(self) -> None:
+        """After a failed run that left the cluster stale (a task lost, or still running after another failed),
+        SIGKILL every engine still alive."""
+        if self.state.phase is not Phase.STALE:
+            return
+        group = self.task_group(ready=False)
+        dead = group.dead(group.names)
+        for name in group.names:
+            if name not in dead:
+                self.kill(name, signal.SIGKILL)
+
+    def _configure_tasks(self) -> None:  # at every start and restart: each process's variables, checked
+        group = self.task_group()
+        tasks = [group.info(name) for name in group.names]
+        for task in tasks:
+            found = group.engine(task.name).apply_sync(jax_version)
+            if found != JAX_VERSION:
+                raise ClusterError(f"{task.name}'s Python has {'JAX ' + found if found else 'no JAX'}, but the "
+                                   f"kit is tested with JAX {JAX_VERSION}. Fix: {_INSTALL}", [task.name])
+        addresses = [t.address for t in tasks]  # the ports the kit opened and checked, process 0's first
+        self._jax_env = {t.name: group.engine(t.name).apply_sync(
+            set_jax_environment, job_environment(addresses, i), self.tensorflow)
+                         for i, t in enumerate(tasks)}
+        self.log.info("JAX coordinator at %s for %d processes", addresses[0], len(tasks))
+
+
+class EndsWaiting:
+    """A run of a :class:`JaxCluster` (:class:`kit.core.runs.Run`'s ``run`` and ``with_options``): when it fails and
+    leaves the cluster stale, every engine still alive is ended, since a JAX process waiting in a collective for a
+    peer that failed waits for ever."""
+
+    def __init__(self, cluster: JaxCluster, run: Any):
+        self.cluster, self.inner = cluster, run
+
+    def run(self, fn: Callable, *args: Any, **kwargs: Any) -> list:
+        try:
+            return self.inner.run(fn, *args, **kwargs)
+        except BaseException:
+            self.cluster.end_waiting()
+            raise
+
+    def with_options(self, **options: Any) -> "EndsWaiting":
+        return EndsWaiting(self.cluster, self.inner.with_options(**options))
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
+
+
+# ----- run on the engines (by reference: the engines import this module) --------------------------
+
+def jax_version() -> str | None:
+    """The installed JAX's version (without importing it), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("jax") if version("jaxlib") else None
+    except PackageNotFoundError:
+        return None
+
+
+def set_jax_environment(env: dict[str, str], tensorflow: bool) -> dict[str, str]:
+    """Give this engine its job variables in place of TF_CONFIG; return them. Refused once JAX or Keras is
+    imported here (they read them at their start). Without ``tensorflow``, an import of TensorFlow here fails
+    as where it is not installed (Python's import system treats a module set to None so)."""
+    early = [m for m in ("jax", "keras", "tensorflow") if m in sys.modules]
+    if early:
+        raise RuntimeError(f"already imported on this engine: {', '.join(early)}, so the job's variables would "
+                           "come too late; start fresh engines (cluster.restart())")
+    os.environ.pop("TF_CONFIG", None)
+    os.environ.update(env)
+    if not tensorflow:
+        sys.modules["tensorflow"] = None  # type: ignore[assignment]
+    return {k: os.environ[k] for k in env}
