@@ -19,9 +19,9 @@ TensorFlow installed, ``keras.distribution.initialize()`` imports it (to seed it
 ``keras.utils.set_random_seed``): notebook 12's training then peaked at 1,032-1,116 MiB per process instead of
 600 (docs/performance.md, change 25). ``JaxCluster(tensorflow=True)`` lets a function use ``tf.data``, at that cost.
 
-JAX's collectives have no timeout. A process that dies closes its sockets, and the others' all-reduce fails at
-once (Gloo: the connection was closed or reset by its peer); but a process whose function raises lives on, and
-the others wait in their all-reduce for ever. A failed run names the process that failed first (as for
+A process that dies closes its sockets, and the others' all-reduce fails at once (Gloo: the connection was closed
+or reset by its peer); but a process whose function raises lives on, and the others wait in their all-reduce for a
+peer that never joins (jax-ml/jax#38503 reports such a wait without end on GPUs). A failed run names the process that failed first (as for
 TensorFlow tasks), and when others were left running (the cluster is stale) the JaxCluster ends every engine;
 ``restart()`` gives fresh ones.
 """
@@ -139,8 +139,7 @@ class JaxCluster(TFCluster):
         super().stop()
 
     def run(self, fn: Callable, *args: Any, **kwargs: Any) -> list:
-        """As :meth:`TFCluster.run`; a run that left processes waiting in a collective ends them all (JAX's wait has
-        no end)."""
+        """As :meth:`TFCluster.run`; a run that left processes waiting in a collective ends them all."""
         return self.with_options().run(fn, *args, **kwargs)
 
     def with_options(self, **options: Any) -> "EndsWaiting":
@@ -178,8 +177,8 @@ class JaxCluster(TFCluster):
 
 class EndsWaiting:
     """A run of a :class:`JaxCluster` (:class:`kit.core.runs.Run`'s ``run`` and ``with_options``): when it fails and
-    leaves the cluster stale, every engine still alive is ended, since a JAX process waiting in a collective for a
-    peer that failed waits for ever."""
+    leaves the cluster stale, every engine still alive is ended: a JAX process waiting in a collective for a peer
+    that failed but lives on would go on waiting."""
 
     def __init__(self, cluster: JaxCluster, run: Any):
         self.cluster, self.inner = cluster, run

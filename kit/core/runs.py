@@ -211,7 +211,7 @@ class Run:
                                    if meta.get("status") is None]
                         group.mark_stale(f"{', '.join(running)} still running {name} after "
                                          "another task failed", running)
-                        for task in running:  # perhaps waiting in a collective for ever (JAX's has no timeout)
+                        for task in running:  # perhaps waiting in a collective for a peer that failed
                             live.fail(task, f"still running {FAILED_PEERS_GRACE_SECONDS:g} s after another task "
                                             "failed; the run stopped here")
                         collect(result, names, group.explain_exit, partial=True)
