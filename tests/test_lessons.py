@@ -126,6 +126,13 @@ def test_what_a_learner_reads_has_no_in_house_words(path):
     assert not hits, f"{path.name}: cells {hits}: name the source instead (TensorFlow's tutorial, Horovod's docs, ...)"
 
 
+def test_the_notebooks_index_has_no_in_house_words():
+    """notebooks/README.md is what a reader on GitHub meets first (tools/make_index.py writes its header)."""
+    text = (NOTEBOOKS / "README.md").read_text()
+    hits = [m.group(0) for m in IN_HOUSE.finditer(text)]
+    assert not hits, f"notebooks/README.md says {hits}: name the source instead (tools/make_index.py's HEADER)"
+
+
 @pytest.mark.parametrize("path", ALL, ids=lambda p: p.name[:3])
 def test_every_check_says_what_it_expected_and_what_it_measured(path):
     """A failed check in a learner's notebook shows a sentence, not a bare AssertionError."""
