@@ -204,7 +204,8 @@ def jax_version() -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("jax") if version("jaxlib") else None
+        version("jaxlib")  # JAX without its library cannot run
+        return version("jax")
     except PackageNotFoundError:
         return None
 

@@ -118,14 +118,14 @@ def measure_throughput(workers: int, keras: str, per_worker_batch: int, epochs: 
 
 
 def measure_on(cluster_class: type, train: Callable, per_worker_batch: int, epochs: int, steps: int,
-               workers: int = 2, **training: Any) -> dict[str, Any]:
+               workers: int = 2, summed: bool = False, **training: Any) -> dict[str, Any]:
     """Examples/s of ``train`` (one of the recipes: ``kit.train.fit``, ``horovod_fit``, ``jax_fit``'s ``train_mnist``)
-    on ``workers`` tasks of a fresh ``cluster_class``: the first task's, or the sum for :data:`CEILING`."""
+    on ``workers`` tasks of a fresh ``cluster_class``: the first task's, or with ``summed`` (:data:`CEILING`: each
+    task trains on its own) the sum of all."""
     with cluster_class(workers=workers) as cluster:
         results = cluster.with_options(stream=False).run(train, per_worker_batch=per_worker_batch, epochs=epochs,
                                                          steps_per_epoch=steps, verbose=0, **training)
-    alone = training.get("strategy") == "default" and workers > 1  # the ceiling: each task on its own
-    rate = sum(r["examples_per_second"] for r in results) if alone else results[0]["examples_per_second"]
+    rate = sum(r["examples_per_second"] for r in results) if summed else results[0]["examples_per_second"]
     return {"examples_per_second": rate, "keras": results[0]["keras"]}
 
 
@@ -139,7 +139,7 @@ def measure_variant(variant: str, batch: int, epochs: int, steps: int, memory: b
         from ..core.cluster import TFCluster
         from ..train.fit import train_mnist
 
-        return measure_on(TFCluster, train_mnist, batch, epochs, steps, strategy="default")
+        return measure_on(TFCluster, train_mnist, batch, epochs, steps, summed=True, strategy="default")
     if variant == "2 workers":
         return measure_throughput(2, "tf-keras", batch, epochs, steps, memory=memory)
     if variant == "2 workers tuned":
