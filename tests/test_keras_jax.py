@@ -92,6 +92,14 @@ def test_the_exported_script_as_two_processes_trains_as_one_process_with_the_glo
     assert one[0]["loss"][1] < one[0]["loss"][0], f"expected the loss to fall over 2 epochs, measured {one}"
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` still runs: a zombie has ended (its parent, the kit's zygote, reaps it a moment later)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _job(script, folder, processes: int, env: dict) -> list:
     """Run ``script`` as a job of ``processes`` processes (each its own id, process 0 the coordinator)."""
     folder.mkdir()
@@ -127,7 +135,7 @@ def test_a_process_that_raises_is_named_and_the_one_waiting_in_a_collective_is_e
         assert raised.value.task == "worker:1" and "process 1 gave up" in raised.value.failures["worker:1"], \
             raised.value
         assert "still running" in cluster.state.reason, cluster.state
-        left = [pid for pid in pids if psutil.pid_exists(pid)]
+        left = [pid for pid in pids if running(pid)]
         assert not left, f"expected both engines ended after the failed run, still running: {left}"
         cluster.restart()
         assert len(set(cluster.with_options(stream=False).run(os.getpid))) == 2, "expected fresh engines"
