@@ -61,7 +61,7 @@ LIVE_VIEW = {"01-single-vs-multi-worker.ipynb", "05-fault-tolerance.ipynb", "12-
 FAILS_ON_PURPOSE = {("00-tf-config-and-clusters.ipynb", "fail_on_worker_1", "worker:1"),
                     ("05-fault-tolerance.ipynb", "def kill_after_step(task, step):", "worker:1"),
                     # its peer was killed: TensorFlow aborts its collective (UnavailableError) within a
-                    # second, and the kit waits up to FAILED_PEERS_GRACE_SECONDS for that before it raises
+                    # second, and the kit waits up to LOST_PEERS_GRACE_SECONDS for that before it raises
                     ("05-fault-tolerance.ipynb", "def kill_after_step(task, step):", "worker:0"),
                     # 12's process 1 is killed (process 0's all-reduce then fails at once), then raises (process 0
                     # waits in its all-reduce, and the kit ends it)

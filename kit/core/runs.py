@@ -29,6 +29,10 @@ from .options import ClusterOptions, RunOptions, TaskInfo
 
 #: After one task fails, how long the others get to finish before the cluster is marked stale.
 FAILED_PEERS_GRACE_SECONDS = 2.0
+#: After a task's engine is lost, how long the others get to show their error: a collective whose peer is gone
+#: fails within a second on a quiet machine (TensorFlow, Horovod, JAX's Gloo), but took over 2 s with 1 CPU
+#: beside other runs (notebook 12 in `make binder`). The wait ends as soon as they have all replied.
+LOST_PEERS_GRACE_SECONDS = 10.0
 
 #: TensorFlow's start-up lines that say nothing to a learner: written by its C++ layer before its log
 #: settings are read (so TF_CPP_MIN_LOG_LEVEL cannot silence them), on every import, on every task.
@@ -163,12 +167,12 @@ class Run:
         # rows and output show it before raising
         survivors = [msg for n, msg in zip(names, result.msg_ids) if n not in dead]
         if survivors:
-            engines.wait(survivors, timeout=FAILED_PEERS_GRACE_SECONDS)
+            engines.wait(survivors, timeout=LOST_PEERS_GRACE_SECONDS)
             follower.update(result)
             live.follow(result, names)
             for task, meta in zip(names, _as_list(result.metadata)):  # on a loaded machine the reply can trail
                 if task not in dead and meta.get("status") is None:  # its error: the run is abandoned all the same
-                    live.fail(task, f"no reply {FAILED_PEERS_GRACE_SECONDS:g} s after {dead[0]} was lost; "
+                    live.fail(task, f"no reply {LOST_PEERS_GRACE_SECONDS:g} s after {dead[0]} was lost; "
                                     "the run stopped here")
         failures = {n: oom or "process exited" for n in dead}
         for task, meta in zip(names, _as_list(result.metadata)):
