@@ -4,6 +4,7 @@ notebook 12's lesson exported as main.py and run as a job runs it (plain process
 from __future__ import annotations
 
 import ast
+import subprocess
 import os
 import sys
 from contextlib import ExitStack
@@ -57,6 +58,12 @@ def test_a_jax_cluster_refuses_what_its_processes_cannot_be(options, field):
     with pytest.raises(OptionError) as raised:
         kit.JaxCluster(workers=2, **options)
     assert raised.value.field == field, raised.value
+
+
+def test_a_jax_cluster_is_shown_by_its_own_name():
+    cluster = kit.JaxCluster(workers=2)
+    assert repr(cluster) == "<JaxCluster worker:0, worker:1 (stopped)>", repr(cluster)
+    assert cluster._repr_html_().startswith("<b>JaxCluster</b>"), cluster._repr_html_()
 
 
 def test_an_engine_refuses_the_variables_once_jax_is_imported(monkeypatch):
@@ -139,3 +146,16 @@ def test_a_process_that_raises_is_named_and_the_one_waiting_in_a_collective_is_e
         assert not left, f"expected both engines ended after the failed run, still running: {left}"
         cluster.restart()
         assert len(set(cluster.with_options(stream=False).run(os.getpid))) == 2, "expected fresh engines"
+
+
+@pytest.mark.slow  # a TensorFlow import in a fresh process: ~5-8 s
+def test_the_kits_tensorflow_import_leaves_jax_out_and_importable():
+    """The zygote's and the preload's import of TensorFlow does not import JAX (TensorFlow would, for TFLite's JAX
+    converter alone: 106 MiB per process), and the engine's code can import JAX after it."""
+    code = ("import sys; from kit.core import _remote; _remote.import_tensorflow_and_keras(); "
+            "print('jax' in sys.modules); import jax; print(jax.__version__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0 and done.stdout.split() == ["False", keras_jax.JAX_VERSION], \
+        f"expected TensorFlow imported without JAX, then JAX {keras_jax.JAX_VERSION} importable, measured: " \
+        f"{done.stdout}{done.stderr[-2000:]}"

@@ -200,8 +200,18 @@ def preload_tensorflow() -> threading.Thread | None:
 
 
 def import_tensorflow_and_keras() -> None:
-    """Import TensorFlow, and tf_keras where ``TF_USE_LEGACY_KERAS=1`` asks for it (the preload, the zygote)."""
-    importlib.import_module("tensorflow")
+    """Import TensorFlow, and tf_keras where ``TF_USE_LEGACY_KERAS=1`` asks for it (the preload, the zygote).
+
+    Without JAX: where JAX is installed, TensorFlow imports it for TFLite's JAX converter alone, 106 MiB and 1.3 s
+    per process (docs/performance.md, change 26). Only during this import: the engine's code may import JAX."""
+    unset = "jax" not in sys.modules
+    if unset:
+        sys.modules["jax"] = None  # type: ignore[assignment]  # an import of it fails: TensorFlow goes on without
+    try:
+        importlib.import_module("tensorflow")
+    finally:
+        if unset and sys.modules.get("jax", 0) is None:
+            del sys.modules["jax"]
     if os.environ.get("TF_USE_LEGACY_KERAS") == "1" and find_spec("tf_keras") is not None:
         importlib.import_module("tf_keras")
 

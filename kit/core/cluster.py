@@ -224,12 +224,12 @@ class TFCluster:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"<TFCluster {', '.join(self.task_names)} ({'running' if self.started else 'stopped'})>"
+        return f"<{type(self).__name__} {', '.join(self.task_names)} ({'running' if self.started else 'stopped'})>"
 
     def _repr_html_(self) -> str:
         """The tasks as a table in a notebook: address, pid, and the state of the last run."""
         if not self.started or self._group is None:
-            return f"<b>TFCluster</b> {', '.join(self.task_names)}: {self.state.phase.value}"
+            return f"<b>{type(self).__name__}</b> {', '.join(self.task_names)}: {self.state.phase.value}"
         last = self.last_view.rows if self.last_view is not None else {}
         rows = []
         for task in self.tasks:
@@ -239,7 +239,7 @@ class TFCluster:
             rows.append(row)
         network = ("in a private network (unreachable from other hosts)" if not self.exposed_because
                    else f"reachable from the network: {self.exposed_because}")
-        return views.render_html(f"TFCluster, {len(rows)} tasks, {network}", rows)
+        return views.render_html(f"{type(self).__name__}, {len(rows)} tasks, {network}", rows)
 
     def run(self, fn: Callable, *args: Any, **kwargs: Any) -> list:
         """Run ``fn(*args, **kwargs)`` on every task at once; return the results in task order.

@@ -146,9 +146,6 @@ class JaxCluster(TFCluster):
         """As :meth:`TFCluster.with_options`, with the same end for processes left waiting as :meth:`run`."""
         return EndsWaiting(self, super().with_options(**options))
 
-    def __repr__(self) -> str:
-        return f"<JaxCluster {len(self.task_names)} processes ({'running' if self.started else 'stopped'})>"
-
     def end_waiting(self) -> None:
         """After a failed run that left the cluster stale (a task lost, or still running after another failed),
         SIGKILL every engine still alive."""
