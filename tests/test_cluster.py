@@ -568,6 +568,8 @@ def test_a_task_that_crashes_at_start_is_named(tmp_path, monkeypatch, no_leaks):
         TFCluster(workers=2, start_timeout=30).start()
     assert info.value.tasks == ["worker:1"]
     assert "exited during start-up" in str(info.value)
+    # what it printed: ipyparallel removes an ended engine's log file once it has read it
+    assert "engine refuses to start" in str(info.value), f"expected the engine's last words, got: {info.value}"
 
 
 @pytest.mark.slow  # a cluster: 14.0 s
@@ -739,3 +741,20 @@ def test_engines_run_with_at_most_two_malloc_arenas(two_workers):
 
     assert two_workers.run(arenas_under_load) == [(a, 2) for a, _ in two_workers.run(arenas_under_load)]
     assert all(arenas <= 2 for arenas, _ in two_workers.run(arenas_under_load))
+
+
+def test_an_ended_engines_last_words_are_shown_after_ipyparallel_removed_its_log(tmp_path, monkeypatch):
+    """ipyparallel reads the log of an engine it saw end, keeps the text and removes the file: the kit's error
+    still shows the engine's last lines, whichever of the two noticed the end first."""
+    from ipyparallel.cluster.launcher import LocalProcessLauncher
+
+    from kit.core.engines import LocalEngines
+    from kit.core.options import ClusterOptions
+
+    launcher = LocalProcessLauncher(output_file=str(tmp_path / "engine.log"))
+    (tmp_path / "engine.log").write_text("starting\nengine refuses to start\n")
+    launcher.get_output(remove=True)  # what ipyparallel's launcher does once it has seen the process end
+    assert not (tmp_path / "engine.log").exists()
+    engines = LocalEngines(ClusterOptions(workers=2))
+    monkeypatch.setattr(engines, "_launcher", lambda name: launcher)
+    assert engines.log_tail("worker:1").endswith("---\nstarting\nengine refuses to start"), engines.log_tail("worker:1")

@@ -179,12 +179,12 @@ class LocalEngines(Engines):
         return process is not None and _lifeline.is_alive(process.pid, process.create_time())
 
     def log_tail(self, name: str, lines: int = 15) -> str:
-        path = getattr(self._launcher(name), "output_file", None)
-        if not path or not os.path.exists(path):
+        launcher = self._launcher(name)  # ipyparallel reads an ended engine's log, keeps it, removes the file
+        path = getattr(launcher, "output_file", None)
+        text = path and (Path(path).read_text(errors="replace") if os.path.exists(path) else launcher.get_output())
+        if not text:
             return ""
-        with open(path, errors="replace") as f:
-            tail = f.read().splitlines()[-lines:]
-        return f"\n--- last lines of {name}'s engine log ({path}) ---\n" + "\n".join(tail)
+        return f"\n--- last lines of {name}'s engine log ({path}) ---\n" + "\n".join(text.splitlines()[-lines:])
 
     def task_host(self, report: dict) -> str:
         if self.linked is not None:  # each task at its own address, behind its own shaped link
