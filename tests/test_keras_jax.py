@@ -4,8 +4,8 @@ notebook 12's lesson exported as main.py and run as a job runs it (plain process
 from __future__ import annotations
 
 import ast
-import subprocess
 import os
+import subprocess
 import sys
 from contextlib import ExitStack
 
@@ -150,9 +150,9 @@ def test_a_process_that_raises_is_named_and_the_one_waiting_in_a_collective_is_e
 
 @pytest.mark.slow  # a TensorFlow import in a fresh process: ~5-8 s
 def test_the_kits_tensorflow_import_leaves_jax_out_and_importable():
-    """The zygote's and the preload's import of TensorFlow does not import JAX (TensorFlow would, for TFLite's JAX
+    """The zygote's import of TensorFlow does not import JAX (TensorFlow would, for TFLite's JAX
     converter alone: 106 MiB per process), and the engine's code can import JAX after it."""
-    code = ("import sys; from kit.core import _remote; _remote.import_tensorflow_and_keras(); "
+    code = ("import sys; from kit.core import _remote; _remote.import_tensorflow_and_keras(jax=False); "
             "print('jax' in sys.modules); import jax; print(jax.__version__)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
                           env={**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"})

@@ -199,12 +199,13 @@ def preload_tensorflow() -> threading.Thread | None:
     return PRELOAD
 
 
-def import_tensorflow_and_keras() -> None:
+def import_tensorflow_and_keras(jax: bool = True) -> None:
     """Import TensorFlow, and tf_keras where ``TF_USE_LEGACY_KERAS=1`` asks for it (the preload, the zygote).
 
-    Without JAX: where JAX is installed, TensorFlow imports it for TFLite's JAX converter alone, 106 MiB and 1.3 s
-    per process (docs/performance.md, change 26). Only during this import: the engine's code may import JAX."""
-    unset = "jax" not in sys.modules
+    ``jax=False`` (the zygote, before any code of the engine runs): where JAX is installed, TensorFlow imports it
+    for TFLite's JAX converter alone, 106 MiB and 1.3 s per process (docs/performance.md, change 26); not here, and
+    only for the length of this import. Not in the preload: its thread runs beside the engine's first function."""
+    unset = not jax and "jax" not in sys.modules
     if unset:
         sys.modules["jax"] = None  # type: ignore[assignment]  # an import of it fails: TensorFlow goes on without
     try:

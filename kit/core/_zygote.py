@@ -195,7 +195,7 @@ def _prepare() -> None:
     if netns:
         _netns.enter(netns)
     tfdata_wakeup.install()
-    _remote.import_tensorflow_and_keras()
+    _remote.import_tensorflow_and_keras(jax=False)  # one thread, and no engine code yet
     importlib.import_module("ipyparallel.engine.app")
     gc.collect()
     gc.freeze()
