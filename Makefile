@@ -9,10 +9,12 @@ STAMP := $(VENV)/.installed
 LAB_STAMP := $(VENV)/.installed-lab
 SITE_STAMP := $(VENV)/.installed-site
 
-$(STAMP): pyproject.toml tools/horovod_wheel.sh patches/horovod-0.28.1-tf2.21.patch
+$(STAMP): pyproject.toml tools/horovod_wheel.sh patches/horovod-0.28.1-tf2.21.patch tools/tensorflow_patch.sh \
+  patches/tensorflow-2.21.0-jax-on-use.patch
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip 'setuptools>=77,<85'  # pyproject's build-system: pip wheel --no-build-isolation works here
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	bash tools/tensorflow_patch.sh $(BIN)/python  # import tensorflow without JAX (the patch's header says why)
 	bash tools/horovod_wheel.sh $(BIN)/python
 	touch $(STAMP)
 

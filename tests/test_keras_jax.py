@@ -150,12 +150,34 @@ def test_a_process_that_raises_is_named_and_the_one_waiting_in_a_collective_is_e
 
 @pytest.mark.slow  # a TensorFlow import in a fresh process: ~5-8 s
 def test_the_kits_tensorflow_import_leaves_jax_out_and_importable():
-    """The zygote's import of TensorFlow does not import JAX (TensorFlow would, for TFLite's JAX
-    converter alone: 106 MiB per process), and the engine's code can import JAX after it."""
+    """The zygote's import of TensorFlow does not import JAX: Keras 3 would, at the import of its callbacks (106
+    MiB per process); and the engine's code can import JAX after it."""
     code = ("import sys; from kit.core import _remote; _remote.import_tensorflow_and_keras(jax=False); "
-            "print('jax' in sys.modules); import jax; print(jax.__version__)")
+            "import tensorflow as tf; tf.keras.callbacks; print('jax' in sys.modules); import jax; print(jax.__version__)")
+    env = {name: value for name, value in os.environ.items() if name != "TF_USE_LEGACY_KERAS"}  # Keras 3
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"})
+                          env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"})
     assert done.returncode == 0 and done.stdout.split() == ["False", keras_jax.JAX_VERSION], \
-        f"expected TensorFlow imported without JAX, then JAX {keras_jax.JAX_VERSION} importable, measured: " \
-        f"{done.stdout}{done.stderr[-2000:]}"
+        f"expected TensorFlow and Keras 3 imported without JAX, then JAX {keras_jax.JAX_VERSION} importable, " \
+        f"measured: {done.stdout}{done.stderr[-2000:]}"
+
+
+@pytest.mark.slow  # a TensorFlow import in a fresh process and a TFLite conversion: ~15 s
+def test_the_patched_tensorflow_imports_jax_only_to_convert_a_jax_function():
+    """patches/tensorflow-2.21.0-jax-on-use.patch, applied by the install: a plain `import tensorflow` with
+    tf-keras (an exported main.py, a horovodrun rank) imports no JAX, and TFLite's JAX converter still converts."""
+    code = """
+import sys
+import numpy as np
+import tensorflow as tf
+print("jax" in sys.modules)
+import jax.numpy as jnp
+converter = tf.lite.TFLiteConverter.experimental_from_jax([lambda x: jnp.sin(x) * 2.0],
+                                                          [[("x", np.zeros((2, 3), np.float32))]])
+print(len(converter.convert()) > 0)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0 and done.stdout.split() == ["False", "True"], \
+        "expected `import tensorflow` without JAX and a JAX function converted to TFLite (else run " \
+        f"`bash tools/tensorflow_patch.sh {sys.executable}`), measured: {done.stdout}{done.stderr[-2000:]}"

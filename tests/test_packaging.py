@@ -111,7 +111,8 @@ def make_test(folder: Path, **exits: str) -> subprocess.CompletedProcess:
     stand-in: the recipes' own shell runs, the tests and notebooks do not."""
     (folder / "patches").mkdir(exist_ok=True)
     (folder / "tools").mkdir(exist_ok=True)
-    for name in ("pyproject.toml", "tools/horovod_wheel.sh", "patches/horovod-0.28.1-tf2.21.patch"):
+    for name in ("pyproject.toml", "tools/horovod_wheel.sh", "patches/horovod-0.28.1-tf2.21.patch",
+                 "tools/tensorflow_patch.sh", "patches/tensorflow-2.21.0-jax-on-use.patch"):
         (folder / name).touch()
     (folder / "Makefile").write_text((REPO / "Makefile").read_text())
     bin_ = folder / "venv" / "bin"
