@@ -16,7 +16,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import REPO, broken_startup, kit_processes
+from conftest import REPO, broken_startup, describe, kit_processes
 import kit
 from kit.core import limits, roles, tfconfig
 from kit.core.cluster import STARTUP_NOISE, Phase, TFCluster
@@ -505,6 +505,33 @@ def test_a_killed_task_fails_the_run_then_restart_gives_fresh_engines(make_clust
     assert not psutil.pid_exists(old["worker:0"].pid)  # the survivor was replaced too
     assert cluster.run(os.getpid) == [new["worker:0"].pid, new["worker:1"].pid]
     assert cluster.tf_configs["worker:1"]["cluster"] == cluster.tf_configs["worker:0"]["cluster"]
+
+
+@pytest.mark.slow  # a cluster and a restart: ~15 s
+def test_engines_wait_for_a_controller_slow_to_answer_their_registration(make_cluster, monkeypatch):
+    """The fresh engines of a restart register with a controller stopped (SIGSTOP) for 7 s, longer than
+    ipyparallel's 5 s registration timeout: they wait for it within start_timeout instead of exiting, as they did
+    with 1 CPU under load (make binder: "the engine of worker:1 exited during start-up")."""
+    import threading
+
+    from kit.core import engines
+
+    cluster = make_cluster(workers=2)  # forked by the zygote: they register at once, while the controller is stopped
+    controller = [p for p in kit_processes(os.getpid()) if "kit.core._controller" in " ".join(p.cmdline())]
+    assert controller, describe(kit_processes(os.getpid()))
+    start = engines.LocalEngines.start
+
+    def start_while_the_controller_is_stopped(self, names, environments):
+        for process in controller:
+            process.send_signal(signal.SIGSTOP)
+        threading.Timer(7.0, lambda: [process.send_signal(signal.SIGCONT) for process in controller]).start()
+        return start(self, names, environments)
+
+    monkeypatch.setattr(engines.LocalEngines, "start", start_while_the_controller_is_stopped)
+    began = time.monotonic()
+    cluster.restart()
+    assert time.monotonic() - began > 7, "expected the restart to wait for the stopped controller"
+    assert cluster.run(os.getpid) == [task.pid for task in cluster.tasks]
 
 
 @pytest.mark.slow  # a cluster: 7.0 s

@@ -141,9 +141,9 @@ class LocalEngines(Engines):
                 environment={"TMPDIR": tmpdir, **environments[name], _lifeline.LIFELINE_VAR: lifeline,
                              **networks[name], **preload},
                 engine_cmd=[sys.executable, "-m", "kit.core._boot", "ipyparallel.engine"],
-                # no nanny: ipyparallel starts it as one more Python process while the engine registers, and waits
-                # for it; the kit signals its own engines and watches their processes (docs/performance.md, change 17)
-                engine_args=["--IPEngine.enable_nanny=False",
+                # no nanny: one more Python process to wait for; the kit watches its engines (docs/performance.md,
+                # change 17). Registration bounded by start_timeout, not 5 s: under load engines gave up (change 28)
+                engine_args=["--IPEngine.enable_nanny=False", f"--IPEngine.timeout={self.options.start_timeout:g}",
                              f"--IPEngine.wait_for_url_file={self.options.start_timeout:g}"],
             )
         if self.client is None:
