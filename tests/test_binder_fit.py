@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import shutil
 import os
 import sys
 import textwrap
@@ -238,6 +239,39 @@ def test_a_server_that_exits_or_never_answers_is_named_with_its_log_and_leaves_n
     assert "did not answer" in str(silent.value) and "within 1 s" in str(silent.value) and "sleep 600" in str(silent.value)
     assert mute.facts["stopped"].startswith("SIGTERM") and left == set(), (mute.facts, left)
     assert not dies.folder.exists() and not mute.folder.exists()
+
+
+def test_a_killed_run_s_grants_are_taken_back_by_the_next_run_which_grants_its_own(tmp_path, monkeypatch):
+    """make notebooks' two runs share the learner's permissions (binder_cgroup._granted). A run killed with SIGKILL
+    leaves itself named in the file: the next run takes back what it granted, grants its own folders (by absolute
+    path: a killed run in another clone had the same relative names, so the next run granted nothing and the
+    learner's kernels could not write), and the last run out leaves no ACL and no file."""
+    import subprocess
+
+    if os.geteuid() != 0 or not shutil.which("setfacl"):
+        pytest.skip("needs root and setfacl (CI runs as root and make installs acl)")
+    monkeypatch.setattr(binder_cgroup, "GRANTS_COUNT", tmp_path / "grants.json")
+    user = "kitlearner"
+    old, new = tmp_path / "old" / "notebooks", tmp_path / "new" / "notebooks"
+    old.mkdir(parents=True), new.mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(REPO / "tools"))
+    import sandbox  # tools/
+    sandbox.ensure_user(user)
+    sandbox.grant_writing(user, old)
+    dead = subprocess.Popen([sys.executable, "-c", ""])
+    dead.wait()
+    (tmp_path / "grants.json").write_text(json.dumps({"holders": [[dead.pid, 0.0]], "before": {str(old): []}}))
+    monkeypatch.chdir(new.parent)
+    def acl(folder: Path) -> str:
+        return subprocess.run(["getfacl", "-p", str(folder)], capture_output=True, text=True, check=True).stdout
+
+    assert f"user:{user}:rwx" in acl(old)
+    with binder_cgroup._granted(user, [Path("notebooks")]):
+        assert f"user:{user}" not in acl(old), f"expected the killed run's grant taken back: {acl(old)}"
+        assert f"user:{user}:rwx" in acl(new), f"expected {new} writable by {user}: {acl(new)}"
+    for folder in (old, new):
+        assert f"user:{user}" not in acl(folder), f"expected no ACL of {user} left on {folder}: {acl(folder)}"
+    assert not (tmp_path / "grants.json").exists()
 
 
 def test_the_margin_is_checked_per_notebook_when_the_record_has_one_peak_per_notebook():

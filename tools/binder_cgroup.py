@@ -804,7 +804,18 @@ def kernels_environment(kernels_inside: bool, group: BinderCgroup | None, user: 
 
 
 #: Runs of this tool at once (make notebooks starts two) share the user's permissions: the last one out takes them back.
+#: The file names the runs that hold them (pid and start time): a run that was killed (SIGKILL) never takes itself
+#: out, so a later run finds it dead, takes back what the dead ones granted, and grants afresh.
 GRANTS_COUNT = Path(tempfile.gettempdir()) / "kit-binder-learner.count"
+
+
+def _alive(holder: list) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(holder[0]).create_time() == holder[1]
+    except psutil.Error:
+        return False
 
 
 @contextlib.contextmanager
@@ -812,36 +823,48 @@ def _granted(user: str, writable: list[Path]):
     """``user`` (created if missing) may run this Python and write in ``writable`` while any run holds this."""
     import fcntl
 
+    import psutil
+
     import sandbox  # tools/, beside this file
 
-    def count(step: int) -> int:
+    me = [os.getpid(), psutil.Process().create_time()]
+
+    def revoke_all(before: dict[str, list[str]]) -> None:
+        sandbox.revoke_python(user, sandbox.grant_python(user))  # granting again names the folders
+        for path, extended in before.items():
+            if Path(path).exists():
+                sandbox.revoke_writing(user, Path(path), extended)
+
+    def hold(taking: bool) -> None:
         with open(GRANTS_COUNT, "a+") as f:
             fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
             f.seek(0)
-            state = json.loads(f.read() or '{"count": 0, "before": {}}')
-            state["count"] += step
-            if step > 0:
+            state = json.loads(f.read() or '{"holders": [], "before": {}}')
+            holders = [h for h in state.get("holders", []) if _alive(h) and h != me]
+            if not holders and state.get("before"):  # what runs now gone granted: taken back before going on
+                revoke_all(state["before"])
+                state["before"] = {}
+            if taking:
+                holders.append(me)
                 sandbox.grant_python(user)
-                for path in writable:
+                for path in (p.resolve() for p in writable):
                     if str(path) not in state["before"]:  # the first run to ask for it: what it had before
                         path.mkdir(parents=True, exist_ok=True)
                         state["before"][str(path)] = sandbox.extended_acls(path)
                         sandbox.grant_writing(user, path)
-            elif state["count"] == 0:
-                sandbox.revoke_python(user, sandbox.grant_python(user))  # granting again names the folders
-                for path, before in state["before"].items():
-                    sandbox.revoke_writing(user, Path(path), before)
-            f.seek(0), f.truncate(), f.write(json.dumps(state))
-            if state["count"] == 0:
+            elif not holders:
+                revoke_all(state["before"])
+                state["before"] = {}
+            f.seek(0), f.truncate(), f.write(json.dumps({"holders": holders, "before": state["before"]}))
+            if not holders:
                 GRANTS_COUNT.unlink()
-            return state["count"]
 
     learner = sandbox.ensure_user(user)
-    count(+1)
+    hold(True)
     try:
         yield learner
     finally:
-        count(-1)
+        hold(False)
 
 
 def write_kernelspec(folder: Path, group: BinderCgroup | None, user: Any = None) -> dict[str, str]:
