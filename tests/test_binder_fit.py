@@ -30,8 +30,8 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
-import shutil
 import os
+import shutil
 import sys
 import textwrap
 import xml.etree.ElementTree as ET
@@ -250,7 +250,7 @@ def test_a_killed_run_s_grants_are_taken_back_by_the_next_run_which_grants_its_o
 
     if os.geteuid() != 0 or not shutil.which("setfacl"):
         pytest.skip("needs root and setfacl (CI runs as root and make installs acl)")
-    monkeypatch.setattr(binder_cgroup, "GRANTS_COUNT", tmp_path / "grants.json")
+    monkeypatch.setattr(binder_cgroup, "GRANTS_FILE", tmp_path / "grants.json")
     user = "kitlearner"
     old, new = tmp_path / "old" / "notebooks", tmp_path / "new" / "notebooks"
     old.mkdir(parents=True), new.mkdir(parents=True)
@@ -260,8 +260,9 @@ def test_a_killed_run_s_grants_are_taken_back_by_the_next_run_which_grants_its_o
     sandbox.grant_writing(user, old)
     dead = subprocess.Popen([sys.executable, "-c", ""])
     dead.wait()
-    (tmp_path / "grants.json").write_text(json.dumps({"holders": [[dead.pid, 0.0]], "before": {str(old): []}}))
+    (tmp_path / "grants.json").write_text(json.dumps({"holders": [f"{dead.pid}:0.000"], "before": {str(old): []}}))
     monkeypatch.chdir(new.parent)
+
     def acl(folder: Path) -> str:
         return subprocess.run(["getfacl", "-p", str(folder)], capture_output=True, text=True, check=True).stdout
 

@@ -804,18 +804,10 @@ def kernels_environment(kernels_inside: bool, group: BinderCgroup | None, user: 
 
 
 #: Runs of this tool at once (make notebooks starts two) share the user's permissions: the last one out takes them back.
-#: The file names the runs that hold them (pid and start time): a run that was killed (SIGKILL) never takes itself
-#: out, so a later run finds it dead, takes back what the dead ones granted, and grants afresh.
-GRANTS_COUNT = Path(tempfile.gettempdir()) / "kit-binder-learner.count"
-
-
-def _alive(holder: list) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(holder[0]).create_time() == holder[1]
-    except psutil.Error:
-        return False
+#: The file names the runs that hold them (their lifeline tokens, pid and start time): a run that was killed
+#: (SIGKILL) never takes itself out, so a later run finds it dead, takes back what the dead ones granted, and grants
+#: afresh.
+GRANTS_FILE = Path(tempfile.gettempdir()) / "kit-binder-learner.count"
 
 
 @contextlib.contextmanager
@@ -823,26 +815,21 @@ def _granted(user: str, writable: list[Path]):
     """``user`` (created if missing) may run this Python and write in ``writable`` while any run holds this."""
     import fcntl
 
-    import psutil
-
     import sandbox  # tools/, beside this file
 
-    me = [os.getpid(), psutil.Process().create_time()]
-
-    def revoke_all(before: dict[str, list[str]]) -> None:
-        sandbox.revoke_python(user, sandbox.grant_python(user))  # granting again names the folders
-        for path, extended in before.items():
-            if Path(path).exists():
-                sandbox.revoke_writing(user, Path(path), extended)
+    me = _lifeline.token(os.getpid())
 
     def hold(taking: bool) -> None:
-        with open(GRANTS_COUNT, "a+") as f:
+        with open(GRANTS_FILE, "a+") as f:
             fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
             f.seek(0)
             state = json.loads(f.read() or '{"holders": [], "before": {}}')
-            holders = [h for h in state.get("holders", []) if _alive(h) and h != me]
-            if not holders and state.get("before"):  # what runs now gone granted: taken back before going on
-                revoke_all(state["before"])
+            holders = [h for h in state.get("holders", []) if h != me and _lifeline.is_alive(*_lifeline.parse(h)[0])]
+            if not holders and (not taking or state.get("holders")):  # the last out, or only dead runs held them
+                sandbox.revoke_python(user, sandbox.grant_python(user))  # granting again names the folders
+                for path, extended in state["before"].items():
+                    if Path(path).exists():
+                        sandbox.revoke_writing(user, Path(path), extended)
                 state["before"] = {}
             if taking:
                 holders.append(me)
@@ -852,12 +839,9 @@ def _granted(user: str, writable: list[Path]):
                         path.mkdir(parents=True, exist_ok=True)
                         state["before"][str(path)] = sandbox.extended_acls(path)
                         sandbox.grant_writing(user, path)
-            elif not holders:
-                revoke_all(state["before"])
-                state["before"] = {}
             f.seek(0), f.truncate(), f.write(json.dumps({"holders": holders, "before": state["before"]}))
             if not holders:
-                GRANTS_COUNT.unlink()
+                GRANTS_FILE.unlink()
 
     learner = sandbox.ensure_user(user)
     hold(True)
