@@ -49,6 +49,25 @@ def test_sweep_removes_only_folders_whose_owner_is_gone(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kit-cluster-alive", "kit-cluster-unknown", "kit-other"]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat's btime is Linux's")
+def test_a_step_of_the_wall_clock_leaves_live_processes_alive_and_dead_ones_dead(monkeypatch):
+    """psutil's create_time is the start in ticks since boot plus /proc/stat's btime, a whole second that a step
+    of the clock by a few ms moves by one (here btime was 5 ms past a second); the lifelines' start times are not."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        token, process = _lifeline.token(child.pid), psutil.Process(child.pid)
+        cached = process.create_time()  # ipyparallel's launcher keeps such a Process, with this cached
+        btime = psutil.boot_time()
+        monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: btime - 1)  # /proc/stat after the step
+        assert psutil.Process(child.pid).create_time() == cached - 1, "the step does not show in psutil"
+        assert _lifeline.is_alive(*_lifeline.parse(token)[0]), f"{token} looks dead after the clock's step"
+        assert _lifeline.runs(process), f"{process} looks dead after the clock's step"
+    finally:
+        child.kill()
+        child.wait()
+    assert not _lifeline.is_alive(*_lifeline.parse(token)[0]) and not _lifeline.runs(process)
+
+
 def test_a_new_folder_names_its_owner_and_gives_each_task_an_empty_tmpdir():
     folder = workdir.create(os.getpid())
     try:

@@ -35,9 +35,21 @@ POLL_SECONDS = 0.5
 LAST_WORDS_TIMEOUT_S = 10.0
 
 
+def start_time(pid: int) -> float:
+    """When process ``pid`` started, as a number no change of the wall clock moves: on Linux the kernel's clock
+    ticks since boot (``/proc/PID/stat``). psutil's ``create_time`` adds ``/proc/stat``'s ``btime``, whole seconds
+    that a step of the clock by a few ms can move by one; then every live process looked dead
+    (docs/performance.md, change 29). Elsewhere psutil's ``create_time``, which the kernel keeps as it was."""
+    if sys.platform.startswith("linux"):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()  # the name in (...) may hold spaces
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, the 20th after the name
+    return psutil.Process(pid).create_time()
+
+
 def token(pid: int) -> str:
-    """``pid:start_time`` of a live process, for ``KIT_LIFELINE``."""
-    return f"{pid}:{psutil.Process(pid).create_time():.3f}"
+    """``pid:start_time`` of a live process (:func:`start_time`), for ``KIT_LIFELINE``."""
+    return f"{pid}:{start_time(pid):.3f}"
 
 
 def parse(value: str) -> list[tuple[int, float]]:
@@ -49,12 +61,20 @@ def parse(value: str) -> list[tuple[int, float]]:
     return watched
 
 
-def is_alive(pid: int, start_time: float) -> bool:
-    """Whether the process that had ``pid`` and started at ``start_time`` still runs (zombies are dead)."""
+def is_alive(pid: int, started: float) -> bool:
+    """Whether the process that had ``pid`` and started at ``started`` (:func:`start_time`) still runs (zombies
+    are dead)."""
     try:
-        proc = psutil.Process(pid)
-        return (abs(proc.create_time() - start_time) < 0.01
-                and proc.status() != psutil.STATUS_ZOMBIE)
+        return abs(start_time(pid) - started) < 0.005 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (OSError, psutil.NoSuchProcess):  # no /proc/PID: it has ended
+        return False
+
+
+def runs(process: psutil.Process) -> bool:
+    """Whether ``process`` (a psutil.Process made while it ran) still runs: psutil's ``is_running`` tells a
+    recycled pid by the start time since boot, not by ``create_time``; a zombie is dead here, not there."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 

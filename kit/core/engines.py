@@ -176,7 +176,7 @@ class LocalEngines(Engines):
     def alive(self, name: str) -> bool:
         launcher = self._launcher(name)
         process = getattr(launcher, "process", None)
-        return process is not None and _lifeline.is_alive(process.pid, process.create_time())
+        return process is not None and _lifeline.runs(process)
 
     def log_tail(self, name: str, lines: int = 15) -> str:
         launcher = self._launcher(name)  # ipyparallel reads an ended engine's log, keeps it, removes the file

@@ -41,12 +41,12 @@ def tie(root: str | os.PathLike, owner: int | None = None) -> subprocess.Popen:
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
 
 
-def alive(pid: int, started: float) -> bool:
-    """Whether the process ``pid`` that started at ``started`` (``create_time``) still runs: a recycled pid, or
-    a zombie, is not it."""
+def alive(process: psutil.Process | None) -> bool:
+    """Whether ``process`` still runs: psutil's ``is_running`` tells a recycled pid by its start in ticks since
+    boot, which no step of the wall clock moves (``create_time`` does: docs/performance.md, change 29); a zombie
+    is not it."""
     try:
-        process = psutil.Process(pid)
-        return process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE
+        return process is not None and process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 
@@ -54,10 +54,15 @@ def alive(pid: int, started: float) -> bool:
 def watch(owner: str, started: str, root: str | os.PathLike) -> int:
     """The watcher's loop (``python -m kit.tools.sim_lifeline PID CREATE_TIME ROOT``): 0 when the cluster is
     gone, by its owner's ``down()`` or by this watcher's teardown after the owner exited."""
-    pid, start_time = int(owner), float(started)
+    pid = int(owner)
+    try:  # the owner at tie(), unless its pid was recycled since: a clock step meanwhile moves create_time by 1 s
+        process = psutil.Process(pid)
+        process = process if abs(process.create_time() - float(started)) <= 1 else None
+    except psutil.NoSuchProcess:
+        process = None
     state = Path(root) / "state.json"
     while state.is_file():
-        if not alive(pid, start_time):
+        if not alive(process):
             try:
                 teardown(State.load(root))
             except SimClusterError:
