@@ -121,6 +121,8 @@ def test_two_ranks_train_to_identical_weights_and_stop_cleanly(make_horovod):
     ranks = cluster.ranks
     assert [(r.task, r.rank, r.size, r.local_rank, r.local_size) for r in ranks] == \
         [("worker:0", 0, 2, 0, 2), ("worker:1", 1, 2, 1, 2)]
+    # forked by the zygote, with TensorFlow imported (preload): Horovod reads its variables at hvd.init()
+    assert all("kit.core._zygote" in psutil.Process(r.pid).parent().cmdline() for r in ranks)
     views = cluster.with_options(stream=False).run(engine_view)
     address, port = cluster.rendezvous
     for rank, view in zip(ranks, views):

@@ -10,8 +10,8 @@ kit's engines: it is a :class:`kit.TFCluster` (same start, run, streaming, kill,
 tasks ``worker:0 … worker:N-1`` are ranks 0 … N-1. After the engines are up, the rendezvous server is
 started *inside rank 0's engine* (so it lives and dies with that process, and needs no port on the
 machine that drives the cluster), and every engine gets Horovod's variables — the ones
-``horovod/runner/gloo_run.py`` gives its processes — in place of TF_CONFIG, before TensorFlow or
-Horovod is imported there. ``restart()`` gives fresh engines and a fresh rendezvous.
+``horovod/runner/gloo_run.py`` gives its processes — in place of TF_CONFIG, before
+Horovod is imported there (TensorFlow may be: ``preload``). ``restart()`` gives fresh engines and a fresh rendezvous.
 """
 
 from __future__ import annotations
@@ -74,11 +74,7 @@ class HorovodCluster(TFCluster):
         if options.get("keras", "tf-keras") == "keras3":
             raise OptionError("keras", f"keras='keras3' cannot be used: {KERAS3_REFUSED}",
                               "leave keras at 'tf-keras' (the default), which sets TF_USE_LEGACY_KERAS=1")
-        if options.get("preload"):
-            raise OptionError("preload", "Horovod's variables are set on each engine before TensorFlow or "
-                              "Horovod is imported there, so a HorovodCluster does not preload TensorFlow",
-                              "leave preload out (a HorovodCluster uses preload=False)")
-        super().__init__(workers, **{**options, "preload": False})
+        super().__init__(workers, **options)
         self.rendezvous: tuple[str, int] | None = None  #: (address, port) of the rendezvous server
         self._horovod_env: dict[str, dict[str, str]] = {}
 
@@ -274,12 +270,12 @@ def listening_addresses(port: int) -> list[str]:
 def set_horovod_environment(env: dict[str, str], rendezvous_address: str) -> dict[str, str]:
     """Give this engine its Horovod variables (and Gloo's interface) in place of TF_CONFIG; return them.
 
-    Refused once TensorFlow is imported: Horovod reads them at ``hvd.init()``, TensorFlow reads
-    TF_CONFIG at its start, and a mix of the two would be a half-configured process.
+    Refused once Horovod is imported: it reads them at ``hvd.init()``, and an engine that ran Horovod keeps its
+    first settings. TensorFlow may be imported (``preload``): it reads TF_CONFIG only when a strategy is built.
     """
-    if "tensorflow" in sys.modules or "horovod.tensorflow" in sys.modules:
-        raise RuntimeError("TensorFlow is already imported on this engine, so Horovod's settings would "
-                           "come too late; start fresh engines (cluster.restart()).")
+    if "horovod.tensorflow" in sys.modules:
+        raise RuntimeError("Horovod is already imported on this engine, so its new settings could come too "
+                           "late; start fresh engines (cluster.restart()).")
     # env= of the cluster may name the interface; else the one that reaches rank 0
     iface = os.environ.get("HOROVOD_GLOO_IFACE") or interface_of(rendezvous_address)
     env = {**env, "HOROVOD_GLOO_IFACE": iface}
