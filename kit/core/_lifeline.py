@@ -33,6 +33,9 @@ LAST_WORDS_VAR = "KIT_LAST_WORDS"
 POLL_SECONDS = 0.5
 #: The bound of each last command (``scancel`` answers within a second when slurmctld is up).
 LAST_WORDS_TIMEOUT_S = 10.0
+#: Whether this kernel gives each process's start in ticks since boot (Linux), read once: every process of a
+#: cluster must tell start times alike, also where a test fakes ``sys.platform``.
+_PROC_STAT = sys.platform.startswith("linux")
 
 
 def start_time(pid: int) -> float:
@@ -40,7 +43,7 @@ def start_time(pid: int) -> float:
     ticks since boot (``/proc/PID/stat``). psutil's ``create_time`` adds ``/proc/stat``'s ``btime``, whole seconds
     that a step of the clock by a few ms can move by one; then every live process looked dead
     (docs/performance.md, change 29). Elsewhere psutil's ``create_time``, which the kernel keeps as it was."""
-    if sys.platform.startswith("linux"):
+    if _PROC_STAT:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rpartition(b")")[2].split()  # the name in (...) may hold spaces
         return int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, the 20th after the name
