@@ -10,8 +10,8 @@ kit's engines: it is a :class:`kit.TFCluster` (same start, run, streaming, kill,
 tasks ``worker:0 … worker:N-1`` are ranks 0 … N-1. After the engines are up, the rendezvous server is
 started *inside rank 0's engine* (so it lives and dies with that process, and needs no port on the
 machine that drives the cluster), and every engine gets Horovod's variables — the ones
-``horovod/runner/gloo_run.py`` gives its processes — in place of TF_CONFIG, before
-Horovod is imported there (TensorFlow may be: ``preload``). ``restart()`` gives fresh engines and a fresh rendezvous.
+``horovod/runner/gloo_run.py`` gives its processes — in place of TF_CONFIG, before Horovod is imported
+there (TensorFlow may be: ``preload``). ``restart()`` gives fresh engines and a fresh rendezvous.
 """
 
 from __future__ import annotations
