@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test exercises unit quick notebooks binder lab bench faults compat horovod clean chromium netns-tools cluster-tools site site-check
+.PHONY: demo test exercises unit quick notebooks binder lab bench faults compat horovod clean chromium netns-tools cluster-tools learner-tools site site-check
 
 LAB_STAMP := $(VENV)/.installed-lab
 SITE_STAMP := $(VENV)/.installed-site
@@ -67,15 +67,24 @@ netns-tools:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }; \
 	fi
 
-# Debian's Slurm, munge and OpenSSH server for the emulated cluster (kit sim-cluster; tests/test_slurm_ssh.py),
-# nftables for its hosts' firewalls (tests/test_slurm_ssh.py), and acl (setfacl: the unprivileged user of
-# tests/test_unprivileged.py may reach a Python under /root): installed with apt-get as root when slurmd, nft or
-# setfacl is missing. Without root the tests skip and name the command.
-cluster-tools:
-	@if { ! command -v slurmd >/dev/null && [ ! -x /usr/sbin/slurmd ]; } || { ! command -v nft >/dev/null && [ ! -x /usr/sbin/nft ]; } || ! command -v setfacl >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "apt-get install slurm-wlm munge openssh-server nftables acl (for the emulated Slurm and SSH hosts, their firewalls, and the unprivileged user's tests)"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge openssh-server nftables acl >/dev/null 2>&1 || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge openssh-server nftables acl >/dev/null; }; \
+# Debian's Slurm, munge and OpenSSH server for the emulated cluster (kit sim-cluster; tests/test_slurm_ssh.py) and
+# nftables for its hosts' firewalls (tests/test_slurm_ssh.py): installed with apt-get as root when slurmd or nft is
+# missing. Without root the tests skip and name the command.
+cluster-tools: learner-tools
+	@if { ! command -v slurmd >/dev/null && [ ! -x /usr/sbin/slurmd ]; } || { ! command -v nft >/dev/null && [ ! -x /usr/sbin/nft ]; } && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "apt-get install slurm-wlm munge openssh-server nftables (for the emulated Slurm and SSH hosts and their firewalls)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge openssh-server nftables >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge openssh-server nftables >/dev/null; }; \
+	fi
+
+# acl (setfacl), for the ordinary user that runs the notebooks' kernels as root (make notebooks, make binder:
+# AS_LEARNER) and the tests of tests/test_unprivileged.py: that user may then reach a Python under /root and write
+# where it is granted. Installed with apt-get as root when setfacl is missing.
+learner-tools:
+	@if ! command -v setfacl >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "apt-get install acl (for the unprivileged user of the notebooks and the tests)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq acl >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq acl >/dev/null; }; \
 	fi
 
 # two pytest-xdist workers: the tests wait more than they compute (a serial run kept the 2 cores about half busy:
@@ -127,9 +136,10 @@ NBVAL := $(NBVAL_ALL) --ignore=notebooks/00-tf-config-and-clusters.ipynb \
 	--ignore=notebooks/12-keras3-jax.ipynb
 # As root, the kernels (and every cluster they start) run as the ordinary user jovyan with new namespaces refused,
 # as mybinder.org runs them (user jovyan, Docker's seccomp profile; tools/sandbox.py), writing only in notebooks/ and out/
-AS_LEARNER := $(shell [ "$$(id -u)" = 0 ] && command -v setfacl >/dev/null && echo --as-user jovyan --writable notebooks --writable out)
+# (always as root: a run as root is not Binder's, and tests/test_binder_fit.py fails it)
+AS_LEARNER := $(shell [ "$$(id -u)" = 0 ] && echo --as-user jovyan --writable notebooks --writable out)
 IN_BINDER := KIT_VIEW=text $(BIN)/python tools/binder_cgroup.py --if-possible --with-server --kernels-inside $(AS_LEARNER)
-notebooks: $(STAMP) netns-tools
+notebooks: $(STAMP) netns-tools learner-tools
 	rm -f out/binder-fit-*.json out/binder-fit-*.xml out/binder-fit-*.server.log out/binder-fit-*.log
 	mkdir -p out
 	$(IN_BINDER) --cpus 1 --record out/binder-fit-1cpu.json -- \
@@ -143,7 +153,7 @@ notebooks: $(STAMP) netns-tools
 
 # every notebook (00, 01, 05 and 12 too) in one cgroup of Binder's size, 2 GiB and 1 CPU, with the Jupyter
 # server inside, then the same check
-binder: $(STAMP)  ## every notebook inside Binder's limits, as root -> out/binder.json, out/binder.xml
+binder: $(STAMP) learner-tools  ## every notebook inside Binder's limits, as root -> out/binder.json, out/binder.xml
 	rm -f out/binder.json out/binder.xml out/binder.server.log
 	$(IN_BINDER) --cpus 1 --record out/binder.json -- $(NBVAL_ALL) --junitxml=out/binder.xml notebooks/; a=$$?; \
 	KIT_BINDER_RECORD=out/binder.json $(BIN)/python -m pytest -q -rsP -p no:cacheprovider \
