@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import uuid
+from unittest import mock
 
 import pytest
 
@@ -187,6 +188,40 @@ def test_a_task_whose_set_is_a_slurm_job_gets_the_engine_in_that_job():
         {"worker:0": 0, "worker:1": 1}
     assert assign_tasks(["worker:0", "worker:1"], reports, {"worker:0": "7", "worker:1": "9"}) == \
         {"worker:0": 0, "worker:1": 1}
+
+
+def test_an_engine_that_leaves_during_the_folder_round_is_skipped_and_the_others_are_asked(caplog):
+    """A killed engine can still be registered when the stop's folder round checks its engines and gone when the
+    round sends: its folder goes with its job's step or its host's round; the stop goes on (a fresh-clone CI run
+    failed with ipyparallel's "IndexError: No such engine: 1" from the round, and left the Slurm job behind)."""
+    from kit.core.attach import ForeignEngines
+    from kit.core.options import ClusterOptions
+
+    class Done:
+        def wait(self, timeout):
+            return True
+
+    class Client:  # engine 1 unregisters while the round asks the controller for the queues
+        def __init__(self):
+            self.ids, self.asked = [0, 1], []
+
+        def queue_status(self, targets="all"):
+            answer = {i: {"queue": 0, "tasks": 0} for i in (self.ids if targets == "all" else targets)}
+            self.ids = [0]
+            return answer
+
+        def __getitem__(self, i):
+            if i not in self.ids:
+                raise IndexError(f"No such engine: {i}")
+            self.asked.append(i)
+            return mock.Mock(apply_async=lambda f: Done())
+
+    engines = ForeignEngines(ClusterOptions(workers=2, engines="ipcontroller-client.json"))
+    engines.client, engines.engine_ids = Client(), {"worker:0": 0, "worker:1": 1}
+    with mock.patch.object(engines, "alive", return_value=True), caplog.at_level("INFO", "kit.core.attach"):
+        engines._remove_tmpdirs()
+    assert engines.client.asked == [0], engines.client.asked
+    assert "engine 1 left before the removal of its temporary folder" in caplog.text, caplog.text
 
 
 def test_the_ssh_folder_round_reports_a_removal_that_failed_even_when_a_later_one_succeeds(tmp_path, caplog):

@@ -264,13 +264,19 @@ class ForeignEngines(Engines):
         if self.client is None:
             return
         live = [i for name, i in self.engine_ids.items() if i in self.client.ids and self.alive(name)]
-        if live:  # only idle ones: a survivor of a lost task may hang in a collective (it waited out the bound)
-            status = self.client.queue_status(targets=live)
-            live = [i for i in live if not status.get(i, {}).get("queue") and not status.get(i, {}).get("tasks")]
+        if live:  # only idle ones: a survivor of a lost task may hang in a collective (it waited out the bound);
+            # asked of all, as the controller knows them: a target gone meanwhile would raise
+            status = self.client.queue_status()
+            live = [i for i in live if i in status and not status[i].get("queue") and not status[i].get("tasks")]
         if not live:
             return
-        started = time.monotonic()
-        pending = {i: self.client[i].apply_async(_remote.remove_own_tmpdir) for i in live}
+        started, pending = time.monotonic(), {}
+        for i in live:
+            try:
+                pending[i] = self.client[i].apply_async(_remote.remove_own_tmpdir)
+            except IndexError:  # unregistered since the check (a killed engine's missed heartbeats): its folder
+                # goes with its job's step or its host's SIGKILL round, as a busy one's
+                log.info("engine %s left before the removal of its temporary folder", i)
         late = [i for i, result in pending.items()
                 if not result.wait(max(0.0, started + TMPDIR_TIMEOUT_S - time.monotonic()))]
         if late:
