@@ -31,17 +31,21 @@ $(SITE_STAMP): $(STAMP)  # the site extra for `make site`: Sphinx, myst-nb, sphi
 	$(BIN)/python -m pip install --quiet -e '.[dev,site]'
 	touch $(SITE_STAMP)
 
+# $(call apt_install,CHECK,PACKAGES,WHAT FOR): as root, where CHECK (a shell test) fails, install PACKAGES with
+# apt-get, running `apt-get update` only if the lists are stale; otherwise nothing (the tests that need them skip
+# and name the command)
+apt_install = @if ! { $(1); } && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "apt-get install $(2) ($(3))"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null; }; \
+	fi
 CHROMIUM := /usr/bin/chromium
 
 # Debian's Chromium for tests/test_browser.py (playwright drives it; its own browser download is not
 # used): installed with apt-get as root when missing, `apt-get update` only if the lists are stale.
 # Without root the test skips and names the command.
 chromium:
-	@if [ ! -x $(CHROMIUM) ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "apt-get install chromium (for tests/test_browser.py)"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; \
-	fi
+	$(call apt_install,test -x $(CHROMIUM),chromium,for tests/test_browser.py)
 
 demo: $(STAMP)  ## TensorFlow's tutorial "Multi-worker training with Keras" on 1 and on 2 workers; writes out/
 	$(BIN)/kit demo --out out
@@ -61,31 +65,19 @@ test: $(STAMP) chromium netns-tools cluster-tools  ## unit tests beside every no
 # `ip`, `tc` (iproute2) and `nsenter` (util-linux) for the private network and the emulated links
 # (tests/test_links.py, notebook 10): installed with apt-get as root when `tc` is missing.
 netns-tools:
-	@if ! command -v tc >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "apt-get install iproute2 (for the emulated links)"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null 2>&1 || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }; \
-	fi
+	$(call apt_install,command -v tc >/dev/null,iproute2,for the emulated links)
 
 # Debian's Slurm, munge and OpenSSH server for the emulated cluster (kit sim-cluster; tests/test_slurm_ssh.py) and
 # nftables for its hosts' firewalls (tests/test_slurm_ssh.py): installed with apt-get as root when slurmd or nft is
 # missing. Without root the tests skip and name the command.
 cluster-tools: learner-tools
-	@if { ! command -v slurmd >/dev/null && [ ! -x /usr/sbin/slurmd ]; } || { ! command -v nft >/dev/null && [ ! -x /usr/sbin/nft ]; } && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "apt-get install slurm-wlm munge openssh-server nftables (for the emulated Slurm and SSH hosts and their firewalls)"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge openssh-server nftables >/dev/null 2>&1 || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge openssh-server nftables >/dev/null; }; \
-	fi
+	$(call apt_install,{ command -v slurmd || test -x /usr/sbin/slurmd; } >/dev/null && { command -v nft || test -x /usr/sbin/nft; } >/dev/null,slurm-wlm munge openssh-server nftables,for the emulated Slurm and SSH hosts and their firewalls)
 
 # acl (setfacl), for the ordinary user that runs the notebooks' kernels as root (make notebooks, make binder:
 # AS_LEARNER) and the tests of tests/test_unprivileged.py: that user may then reach a Python under /root and write
 # where it is granted. Installed with apt-get as root when setfacl is missing.
 learner-tools:
-	@if ! command -v setfacl >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "apt-get install acl (for the unprivileged user of the notebooks and the tests)"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq acl >/dev/null 2>&1 || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq acl >/dev/null; }; \
-	fi
+	$(call apt_install,command -v setfacl >/dev/null,acl,for the unprivileged user of the notebooks and the tests)
 
 # two pytest-xdist workers: the tests wait more than they compute (a serial run kept the 2 cores about half busy:
 # 16:41 of wall time, 16:22 of CPU), so two at once take less time (tests/conftest.py groups them: one module per
