@@ -3,32 +3,53 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+HOROVOD_STAMP := $(VENV)/.installed-horovod
+# The tested set for the Python that makes .venv: locks/py3.11.txt, py3.12.txt or py3.13.txt (make lock writes them)
+PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+LOCK := locks/py$(PYVER).txt
+PYTHONS := 3.11 3.12 3.13
 
-.PHONY: demo test exercises unit quick notebooks binder lab bench faults compat horovod clean chromium netns-tools cluster-tools learner-tools site site-check
+.PHONY: demo test exercises unit quick notebooks binder lab bench faults compat horovod lock badges smoke clean chromium netns-tools cluster-tools learner-tools site site-check
 
 LAB_STAMP := $(VENV)/.installed-lab
 SITE_STAMP := $(VENV)/.installed-site
 
-$(STAMP): pyproject.toml tools/horovod_wheel.sh patches/horovod-0.28.1-tf2.21.patch tools/tensorflow_patch.sh \
-  patches/tensorflow-2.21.0-jax-on-use.patch
+# Python with pip and venv is all it needs: no compiler, no root (Horovod is built by `make horovod`, only for what uses it)
+$(STAMP): pyproject.toml $(wildcard $(LOCK))
+	@test -f "$(LOCK)" || { echo "no tested set for Python '$(PYVER)' ($(PYTHON)): the kit is tested on $(PYTHONS) (locks/)." \
+	  "Fix: make PYTHON=python3.13 (or 3.11, 3.12)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip 'setuptools>=77,<85'  # pyproject's build-system: pip wheel --no-build-isolation works here
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	bash tools/tensorflow_patch.sh $(BIN)/python  # import tensorflow without JAX (the patch's header says why)
-	bash tools/horovod_wheel.sh $(BIN)/python
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e '.[dev]'
 	touch $(STAMP)
 
-# Horovod 0.28.1 from PyPI's sdist + patches/ (TensorFlow 2.21), built once into
-# ~/.cache/kit/wheels (needs cmake and g++; about 5 minutes on 2 cores), then reused
-horovod: $(STAMP)
-	bash tools/horovod_wheel.sh $(BIN)/python
+# Horovod 0.28.1 from PyPI's sdist + patches/ (TensorFlow 2.21), built once into ~/.cache/kit/wheels (needs cmake
+# and g++; about 2-5 minutes on 2 cores), then reused: for notebooks 09 and 09b, the bench and the tests
+$(HOROVOD_STAMP): $(STAMP) kit/tools/horovod_wheel.sh patches/horovod-0.28.1-tf2.21.patch
+	bash kit/tools/horovod_wheel.sh $(BIN)/python
+	touch $(HOROVOD_STAMP)
+horovod: $(HOROVOD_STAMP)  ## build and install Horovod (cmake and g++) for notebooks 09 and 09b
+
+# locks/py3.X.txt from pyproject.toml's ranges and extras, for Linux x86_64 (uv pip compile: a Python's lock needs no
+# interpreter of that version), keeping the versions a lock has unless UPGRADE=1; then environment.yml and
+# binder/environment.yml from the lock of 3.11 (tools/environment_yml.py)
+lock: $(STAMP)  ## rewrite locks/ (UPGRADE=1: the newest releases the ranges allow) and the conda environments
+	$(BIN)/python -m pip install --quiet 'uv==0.13.9'
+	for v in $(PYTHONS); do $(BIN)/uv pip compile pyproject.toml --all-extras --python-version $$v \
+	  --python-platform x86_64-manylinux_2_28 --no-header --quiet $(if $(UPGRADE),--upgrade) -o locks/py$$v.txt || exit 1; done
+	$(BIN)/python tools/environment_yml.py
+
+# the "Open in Colab" badges, the first cell that installs the kit and the links to the repository's files, in every
+# notebook and the README, from [project.urls] Repository (tools/colab.py)
+badges:
+	$(PYTHON) tools/colab.py
 
 $(LAB_STAMP): $(STAMP)  # the lab extra for `make lab` (the dev extra has JupyterLab too, for tests/test_browser.py)
-	$(BIN)/python -m pip install --quiet -e '.[dev,lab]'
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e '.[dev,lab]'
 	touch $(LAB_STAMP)
 
 $(SITE_STAMP): $(STAMP)  # the site extra for `make site`: Sphinx, myst-nb, sphinx-book-theme
-	$(BIN)/python -m pip install --quiet -e '.[dev,site]'
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e '.[dev,site]'
 	touch $(SITE_STAMP)
 
 # $(call apt_install,CHECK,PACKAGES,WHAT FOR): as root, where CHECK (a shell test) fails, install PACKAGES with
@@ -54,7 +75,7 @@ demo: $(STAMP)  ## TensorFlow's tutorial "Multi-worker training with Keras" on 1
 # about a quarter of the unit tests' time (they wait for engines, queues, SSH logins), and took 20:28 of the
 # 20 minutes (docs/performance.md, change 22)
 # then the site of the notebooks this run executed, each page opened in Chromium (make site-check)
-test: $(STAMP) chromium netns-tools cluster-tools  ## unit tests beside every notebook under nbval, then the site
+test: $(HOROVOD_STAMP) chromium netns-tools cluster-tools  ## unit tests beside every notebook under nbval, then the site
 	@mkdir -p out; echo "make notebooks runs beside the unit tests; its log (out/notebooks.log) follows them"
 	@$(MAKE) --no-print-directory notebooks >out/notebooks.log 2>&1 & nb=$$!; \
 	$(MAKE) --no-print-directory unit; u=$$?; \
@@ -83,14 +104,14 @@ learner-tools:
 # 16:41 of wall time, 16:22 of CPU), so two at once take less time (tests/conftest.py groups them: one module per
 # worker at a time, the emulated clusters' modules in one group, a temporary folder per worker)
 # (not tests/test_site.py: it reads the site of the notebooks' run, which make test builds after this)
-unit: $(STAMP) chromium netns-tools cluster-tools
+unit: $(HOROVOD_STAMP) chromium netns-tools cluster-tools
 	$(BIN)/python -m pytest tests --ignore=tests/exercises --ignore=tests/test_site.py -n 2 --dist loadgroup \
 	  --durations=25  # the 25 slowest
 
 # every exercise that changes only parameters (each notebook's metadata lists them), run with papermill to the
 # end as a learner would in a fresh notebook; its own target, since it takes longer than make test allows
 # (tests/exercises/test_exercises.py). Not in CI (.ci/run says why).
-exercises: $(STAMP) netns-tools  ## run every parameter-only exercise of the notebooks (out/exercises/)
+exercises: $(HOROVOD_STAMP) netns-tools  ## run every parameter-only exercise of the notebooks (out/exercises/)
 	$(BIN)/python -m pytest tests/exercises
 
 # the fast loop while editing: the tests not marked slow (none starts a cluster or another process that
@@ -131,7 +152,7 @@ NBVAL := $(NBVAL_ALL) --ignore=notebooks/00-tf-config-and-clusters.ipynb \
 # (always as root: a run as root is not Binder's, and tests/test_binder_fit.py fails it)
 AS_LEARNER := $(shell [ "$$(id -u)" = 0 ] && echo --as-user jovyan --writable notebooks --writable out)
 IN_BINDER := KIT_VIEW=text $(BIN)/python tools/binder_cgroup.py --if-possible --with-server --kernels-inside $(AS_LEARNER)
-notebooks: $(STAMP) netns-tools learner-tools
+notebooks: $(HOROVOD_STAMP) netns-tools learner-tools
 	rm -f out/binder-fit-*.json out/binder-fit-*.xml out/binder-fit-*.server.log out/binder-fit-*.log
 	mkdir -p out
 	$(IN_BINDER) --cpus 1 --record out/binder-fit-1cpu.json -- \
@@ -145,7 +166,7 @@ notebooks: $(STAMP) netns-tools learner-tools
 
 # every notebook (00, 01, 05 and 12 too) in one cgroup of Binder's size, 2 GiB and 1 CPU, with the Jupyter
 # server inside, then the same check
-binder: $(STAMP) learner-tools  ## every notebook inside Binder's limits, as root -> out/binder.json, out/binder.xml
+binder: $(HOROVOD_STAMP) learner-tools  ## every notebook inside Binder's limits, as root -> out/binder.json, out/binder.xml
 	rm -f out/binder.json out/binder.xml out/binder.server.log
 	$(IN_BINDER) --cpus 1 --record out/binder.json -- $(NBVAL_ALL) --junitxml=out/binder.xml notebooks/; a=$$?; \
 	KIT_BINDER_RECORD=out/binder.json $(BIN)/python -m pytest -q -rsP -p no:cacheprovider \
@@ -166,7 +187,7 @@ site-check: site chromium
 lab: $(LAB_STAMP)  ## open the notebooks in JupyterLab
 	$(BIN)/jupyter lab notebooks/
 
-bench: $(STAMP)  ## efficiency, start-up, recovery, memory, notebook times -> out/bench/bench.json
+bench: $(HOROVOD_STAMP)  ## efficiency, start-up, recovery, memory, notebook times -> out/bench/bench.json
 	$(BIN)/kit bench --out out/bench
 
 faults: $(STAMP)  ## 10 fault-injection trials (random task, random step) -> out/faults/trials.json

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -48,21 +49,24 @@ CLUSTER_FIXTURES = ("make_cluster", "two_workers")
 #: Modules that bring up an emulated cluster (kit.tools.sim_cluster): one Slurm controller and munge per machine,
 #: so under pytest-xdist they run one after another, in one worker.
 SIM_MODULES = ("test_slurm_ssh", "test_notebook_cluster", "test_bench", "test_sim_lifeline", "test_take_home_09")
+#: Modules whose tests run as the ordinary user LEARNER: its access to this Python (an ACL on /root's folders) is
+#: granted and taken back by each test, so they run one after another, in one worker.
+LEARNER_MODULES = ("test_unprivileged", "test_laptop")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
+def pytest_itemcollected(item):
     """Mark ``slow`` every test that starts a cluster through a fixture, also one written without the mark.
 
     And the group of each test for pytest-xdist's ``--dist loadgroup``: its module (a module-scoped cluster is
     then started once, and a module's tests keep their order), the emulated-cluster modules all in one.
-    ``tryfirst``: xdist's worker reads the groups in its own hook of this name, which otherwise ran first and
-    found no group (each test went to either worker: two emulated clusters at once, a module's cluster twice)."""
-    for item in items:
-        if not item.get_closest_marker("slow") and set(CLUSTER_FIXTURES) & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.slow)
-        module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else item.nodeid
-        item.add_marker(pytest.mark.xdist_group("sim" if module in SIM_MODULES else module))
+    Marked as each item is collected, before any ``pytest_collection_modifyitems`` (xdist's worker reads the groups
+    in its own). xdist writes the group into the test's id, which pytest 9.2 no longer reads (pytest-dev/pytest-xdist
+    #1386): pyproject keeps pytest below 9.2, and tests/test_packaging.py checks that a module stays on one worker."""
+    if not item.get_closest_marker("slow") and set(CLUSTER_FIXTURES) & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.slow)
+    module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else item.nodeid
+    item.add_marker(pytest.mark.xdist_group("sim" if module in SIM_MODULES else
+                                            "learner" if module in LEARNER_MODULES else module))
 
 
 def kit_processes(owner_pid: int | None = None) -> list[psutil.Process]:
@@ -201,3 +205,26 @@ def two_workers():
         yield cluster
     left = kit_processes(os.getpid())
     assert not left, f"processes outlived their cluster: {describe(left)}"
+
+
+#: The ordinary user of the tests that run as a learner would (tests/test_unprivileged.py, tests/test_laptop.py).
+LEARNER = "kitlearner"
+
+
+@pytest.fixture
+def learner():
+    """The user, able to run this interpreter, with a temporary folder of its own; undone afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create the unprivileged user (CI runs as root)")
+    sys.path.insert(0, str(REPO / "tools"))
+    import sandbox  # tools/sandbox.py
+
+    user = sandbox.ensure_user(LEARNER)
+    folders = sandbox.grant_python(LEARNER)
+    tmp = tempfile.mkdtemp(prefix="kit-learner-", dir="/tmp")  # not under a test worker's 0700 TMPDIR
+    os.chown(tmp, user.pw_uid, user.pw_gid)
+    try:
+        yield user, tmp
+    finally:
+        sandbox.revoke_python(LEARNER, folders)
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -46,8 +46,8 @@ class Tasks:
     """Plain processes of one job; :meth:`wait` bounds them, :meth:`stop` kills what is left."""
 
     def __init__(self, script: Path, configs: list[dict], args: list[str], env: dict | None = None,
-                 logs: Path | None = None):
-        self.script, self.configs = script, configs
+                 logs: Path | None = None, python: str = sys.executable):
+        self.script, self.configs, self.python = script, configs, python
         self.logs = logs or script.parent
         self.procs: list[subprocess.Popen] = []
         for config in configs:
@@ -67,7 +67,7 @@ class Tasks:
         environment = {**os.environ, **PLAIN_ENV, **(env or {}), "TF_CONFIG": json.dumps(config), "TMPDIR": str(tmpdir)}
         environment.pop("KIT_TASK", None)
         try:
-            return subprocess.Popen([sys.executable, str(self.script), *args], cwd=self.script.parent,
+            return subprocess.Popen([self.python, str(self.script), *args], cwd=self.script.parent,
                                     env=environment, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
         finally:
             log.close()
@@ -119,7 +119,7 @@ class Tasks:
 
 
 def run_tasks(script: Path, shape: dict[str, int], args: list[str], timeout: float = 300,
-              env: dict | None = None) -> list:
-    """Run ``script`` once per task of ``shape`` and return every task's result, in task order."""
-    with Tasks(script, tf_configs(shape), args, env) as tasks:
+              env: dict | None = None, python: str = sys.executable) -> list:
+    """Run ``script`` once per task of ``shape`` (with ``python``) and return every task's result, in task order."""
+    with Tasks(script, tf_configs(shape), args, env, python=python) as tasks:
         return tasks.wait(timeout)

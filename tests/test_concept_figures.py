@@ -29,5 +29,5 @@ def test_the_committed_figure_is_what_the_helper_draws_and_calls_itself_a_sketch
 
 def test_notebook_10_shows_it_after_what_you_will_learn():
     first_cell = "".join(json.loads((REPO / "notebooks" / "10-critical-batch-size.ipynb").read_text())["cells"][0]["source"])
-    image = first_cell.index(f"]({critical_batch_figures.CONCEPT_FIGURE})")
+    image = first_cell.index(f"](attachment:{Path(critical_batch_figures.CONCEPT_FIGURE).name})")
     assert first_cell.index("**What you will learn**") < image

@@ -137,3 +137,33 @@ def test_a_task_whose_engine_died_is_named_before_the_peer_that_failed_for_it():
         collect(result, ["worker:0", "worker:1"], lambda: "")
     assert info.value.task == "worker:1" and "EngineError" in info.value.error
     assert set(info.value.failures) == {"worker:0", "worker:1"}
+
+
+def test_a_lost_task_reports_the_survivors_error_that_trails_its_reply():
+    """ipyparallel brings a reply's status (shell channel) and its error (IOPub) on two sockets; under load the error
+    came after the status, and the run reported the survivor as "error:" with nothing (notebook 12's kill check failed).
+    The run now waits, within the grace, for each survivor's output to end before it reads the error."""
+    from types import SimpleNamespace
+
+    from kit.core.runs import Run
+
+    metadata = [{"status": None, "error": None}, {"status": "error", "error": None}]  # worker:0 lost; 1's error trails
+    gloo = SimpleNamespace(ename="ValueError", evalue="Gloo AllGather failed: Connection reset by peer")
+
+    class Part:
+        def __init__(self, msg_id):
+            self.msg_ids = [msg_id]
+
+        def wait_for_output(self, timeout):
+            assert 0 < timeout <= 10, timeout
+            if self.msg_ids == ["m1"]:
+                metadata[1]["error"] = gloo  # the IOPub message arrives
+
+    result = SimpleNamespace(msg_ids=["m0", "m1"], metadata=metadata, split=lambda: (Part("m0"), Part("m1")))
+    group = SimpleNamespace(mark_stale=lambda *a: None, explain_exit=lambda: "", log_tail=lambda name: "")
+    engines = SimpleNamespace(wait=lambda ids, timeout: True)
+    quiet = SimpleNamespace(update=lambda r: None, fail=lambda *a: None, follow=lambda *a: None)
+    with pytest.raises(WorkerError) as raised:
+        Run._lost(["worker:0"], group, engines, result, ["worker:0", "worker:1"], "train", quiet, quiet)
+    assert raised.value.failures == {"worker:0": "process exited",
+                                     "worker:1": "ValueError: Gloo AllGather failed: Connection reset by peer"}

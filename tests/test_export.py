@@ -85,3 +85,76 @@ def test_an_option_whose_default_is_none_takes_a_number_or_text(tmp_path):
     ran = subprocess.run([sys.executable, str(main), "--seed", "1", "--path", "data/mnist.npz"], capture_output=True,
                          text=True, timeout=60)
     assert json.loads(ran.stdout.splitlines()[-1]) == {"seed": 1, "path": "data/mnist.npz"}, ran.stderr
+
+
+def test_an_options_help_sentence_shows_in_help_with_its_default(tmp_path):
+    """``metadata.kit.export.help`` gives an option the sentence ``--help`` shows (a path that every worker must
+    share says so there); help for an option the script does not have is refused."""
+    lesson = "def train(run_dir='out'):\n    return {'run_dir': run_dir}\n"
+    spec = {"call": "train", "arguments": {"run_dir": "OUT_DIR"},
+            "help": {"run_dir": "storage every worker shares: 100% of them"}}
+    nb = notebook([(lesson, ["lesson"])], spec, parameters="OUT_DIR = 'out/03'\n")
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(nb))
+    main = export.export(path, tmp_path / "out")[0]
+    shown = subprocess.run([sys.executable, str(main), "--help"], capture_output=True, text=True, timeout=60)
+    assert "storage every worker shares: 100% of them (default: out/03)" in " ".join(shown.stdout.split()), shown
+    ran = subprocess.run([sys.executable, str(main)], capture_output=True, text=True, timeout=60)
+    assert json.loads(ran.stdout.splitlines()[-1]) == {"run_dir": "out/03"}, ran.stderr
+    with pytest.raises(export.ExportError, match=r"export.help names \['epochs'\].*Fix:"):
+        export.script(notebook([(lesson, ["lesson"])], {**spec, "help": {"epochs": "x"}},
+                               parameters="OUT_DIR = 'out/03'\n"), "nb.ipynb")
+
+
+def test_what_main_cannot_reach_is_left_out_with_its_comment_and_an_emptied_cell_goes():
+    cells = ["import os\n\nLIMIT = helper_for_the_constant()",
+             "def helper_for_the_constant():\n    return 3",
+             "# the pitfall the notebook shows\ndef only_the_chief_saves():\n    return os.getpid()",
+             "@decorated\ndef train():\n    return step()\n\n\n# shown in the notebook only\ndef probe():\n    pass",
+             "def step():\n    return LIMIT"]
+    assert export.unreachable(cells, "train") == ["only_the_chief_saves", "probe"]
+    kept = export.reachable(cells, "train")
+    assert kept == [cells[0], cells[1], "@decorated\ndef train():\n    return step()", cells[4]], kept
+
+
+@pytest.mark.parametrize("name", export.exportable(export.notebooks_dir()))
+def test_an_exported_script_holds_only_what_main_reaches(name):
+    """The pitfalls and probes of a lesson stay in its notebook: its main.py has no function main() cannot reach."""
+    notebook = json.loads((export.notebooks_dir() / name).read_text())
+    text, _ = export.script(notebook, name)
+    assert export.unreachable([text], "main") == [], f"{name}'s main.py holds what main() never reaches"
+
+
+#: What each take-home script's options must cover: the notebook's parameters that change its training.
+TRAINING_OPTIONS = {
+    "04-dataset-sharding.ipynb": ["--policy", "--num-files", "--examples", "--global-batch", "--epochs", "--seed"],
+    "08-scaling-experiments.ipynb": ["--per-worker-batch", "--lr-rule", "--warmup", "--base-lr", "--preset", "--seed"],
+    "11-your-own-cluster.ipynb": ["--resolver", "--per-worker-batch-size", "--epochs", "--steps-per-epoch", "--seed"],
+}
+#: The path options whose help must say that every worker shares the storage (or, for Horovod, who writes there).
+SHARED_PATHS = {"03-multi-worker-mirrored.ipynb": "--run-dir", "03b-checkpoints-and-tensorboard.ipynb": "--run-dir",
+                "05-fault-tolerance.ipynb": "--backup-dir", "07-parameter-server.ipynb": "--checkpoint-dir"}
+
+
+def _help(name: str, tmp_path: Path) -> str:
+    main = export.export(NOTEBOOKS / name, tmp_path / "take-home")[0]
+    shown = subprocess.run([sys.executable, str(main), "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    return " ".join(shown.stdout.split())
+
+
+@pytest.mark.parametrize("name", sorted(TRAINING_OPTIONS))
+def test_a_take_home_scripts_options_cover_what_changes_its_training(name, tmp_path):
+    shown = _help(name, tmp_path)
+    missing = [flag for flag in TRAINING_OPTIONS[name] if f"{flag} " not in shown]
+    assert not missing, f"{name}: main.py --help lacks {missing}:\n{shown}"
+
+
+@pytest.mark.parametrize("name", sorted(SHARED_PATHS))
+def test_a_path_every_worker_reads_says_so_in_its_help(name, tmp_path):
+    shown = _help(name, tmp_path)
+    flag = SHARED_PATHS[name]
+    options = shown[shown.index("options:"):]
+    said = options[options.index(f"{flag} {flag.lstrip('-').replace('-', '_').upper()}"):]
+    assert "every" in said.split("(default:")[0] and "shares" in said.split("(default:")[0], \
+        f"{name}: the help of {flag} should say that every worker (or task) shares its storage:\n{said[:400]}"

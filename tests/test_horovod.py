@@ -83,7 +83,7 @@ def test_options_that_make_no_sense_for_horovod_are_refused(options, field):
 # ----- the build ----------------------------------------------------------------------------------
 def test_the_wheel_is_reused_not_rebuilt():
     start = time.monotonic()
-    done = subprocess.run(["bash", "tools/horovod_wheel.sh", sys.executable], cwd=REPO, capture_output=True,
+    done = subprocess.run(["bash", "kit/tools/horovod_wheel.sh", sys.executable], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - start < 60, "the cached wheel was not used"
@@ -98,7 +98,7 @@ def test_a_missing_cmake_is_named_with_the_fix(tmp_path):
         found = shutil.which(tool)
         if found:
             (tools / tool).symlink_to(found)
-    done = subprocess.run(["bash", "tools/horovod_wheel.sh", sys.executable], cwd=REPO, capture_output=True,
+    done = subprocess.run(["bash", "kit/tools/horovod_wheel.sh", sys.executable], cwd=REPO, capture_output=True,
                           text=True, timeout=120, env={"PATH": str(tools), "HOME": str(tmp_path),
                                                        "KIT_CACHE_DIR": str(tmp_path / "cache")})
     assert done.returncode == 1

@@ -46,7 +46,8 @@ def test_rows_link_present_notebooks_and_name_planned_ones(tmp_path):
     tool = load_tool()
     write_notebook(tmp_path / "00-first.ipynb", ["# 00 · First | one\n", "\n", "Does a thing.\n"])
     rows = tool.rows(tmp_path)
-    assert rows[0] == "| 00 | [First &#124; one](00-first.ipynb) | Does a thing. |"
+    colab = tool.colab.colab_url("00-first.ipynb")  # tools/colab.py, from pyproject's [project.urls]
+    assert rows[0] == f"| 00 | [First &#124; one](00-first.ipynb) | [open]({colab}) | Does a thing. |"
     assert [row.split("|")[1].strip() for row in rows] == ["00", "05", "06", "07", "08"]
     assert "not written yet" in rows[1]
 

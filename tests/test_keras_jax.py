@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import kit
-from kit.core import keras_jax
+from kit.core import keras_jax, nojax
 from kit.core.errors import OptionError
 from kit.core.tfconfig import free_port
 
@@ -107,14 +107,15 @@ def running(pid: int) -> bool:
         return False
 
 
-def _job(script, folder, processes: int, env: dict) -> list:
-    """Run ``script`` as a job of ``processes`` processes (each its own id, process 0 the coordinator)."""
+def _job(script, folder, processes: int, env: dict, extra: list[str] = ()) -> list:
+    """Run ``script`` as a job of ``processes`` processes (each its own id, process 0 the coordinator), with ``ARGS``
+    and ``extra``."""
     folder.mkdir()
     (main := folder / "main.py").write_text(script.read_text())
     addresses = ",".join(f"127.0.0.1:{free_port('127.0.0.1')}" for _ in range(processes))
     configs = tf_configs({"worker": processes})
     with ExitStack() as stack:
-        jobs = [stack.enter_context(Tasks(main, [configs[i]], ARGS, {
+        jobs = [stack.enter_context(Tasks(main, [configs[i]], [*ARGS, *extra], {
             **env, "KERAS_DISTRIBUTION_JOB_ADDRESSES": addresses, "KERAS_DISTRIBUTION_NUM_PROCESSES": str(processes),
             "KERAS_DISTRIBUTION_PROCESS_ID": str(i)})) for i in range(processes)]
         return [job.wait(timeout=300)[0] for job in jobs]
@@ -152,32 +153,40 @@ def test_a_process_that_raises_is_named_and_the_one_waiting_in_a_collective_is_e
 def test_the_kits_tensorflow_import_leaves_jax_out_and_importable():
     """The zygote's import of TensorFlow does not import JAX: Keras 3 would, at the import of its callbacks (106
     MiB per process); and the engine's code can import JAX after it."""
-    code = ("import sys; from kit.core import _remote; _remote.import_tensorflow_and_keras(jax=False); "
+    code = ("import sys; from kit.core import _remote, nojax; nojax.install(); _remote.import_tensorflow_and_keras(); "
             "import tensorflow as tf; tf.keras.callbacks; print('jax' in sys.modules); import jax; print(jax.__version__)")
     env = {name: value for name, value in os.environ.items() if name != "TF_USE_LEGACY_KERAS"}  # Keras 3
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
                           env={**env, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert done.returncode == 0 and done.stdout.split() == ["False", keras_jax.JAX_VERSION], \
-        f"expected TensorFlow and Keras 3 imported without JAX, then JAX {keras_jax.JAX_VERSION} importable, " \
+    assert done.returncode == 0 and done.stdout.split() == ["False", keras_jax.jax_version()], \
+        f"expected TensorFlow and Keras 3 imported without JAX, then JAX {keras_jax.jax_version()} importable, " \
         f"measured: {done.stdout}{done.stderr[-2000:]}"
 
 
-@pytest.mark.slow  # a TensorFlow import in a fresh process and a TFLite conversion: ~15 s
-def test_the_patched_tensorflow_imports_jax_only_to_convert_a_jax_function():
-    """patches/tensorflow-2.21.0-jax-on-use.patch, applied by the install: a plain `import tensorflow` with
-    tf-keras (an exported main.py, a horovodrun rank) imports no JAX, and TFLite's JAX converter still converts."""
-    code = """
-import sys
-import numpy as np
-import tensorflow as tf
-print("jax" in sys.modules)
-import jax.numpy as jnp
-converter = tf.lite.TFLiteConverter.experimental_from_jax([lambda x: jnp.sin(x) * 2.0],
-                                                          [[("x", np.zeros((2, 3), np.float32))]])
-print(len(converter.convert()) > 0)
-"""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"})
+@pytest.mark.slow  # a TensorFlow import in a fresh process: ~5-8 s
+def test_a_process_started_with_the_kits_environment_imports_tensorflow_without_jax_and_its_sitecustomize(tmp_path):
+    """A command the kit runs (kit.launch, horovodrun's ranks) gets kit.core.nojax's folder in front of PYTHONPATH: its
+    `import tensorflow` with tf-keras leaves JAX out, its own `import jax` works, and a sitecustomize the
+    environment already had still runs. No installed file is changed (tests/test_packaging.py)."""
+    (tmp_path / "sitecustomize.py").write_text("import builtins\nbuiltins.SITE_RAN = True\n")
+    code = "import builtins, sys, tensorflow, tf_keras; print('jax' in sys.modules, builtins.SITE_RAN); import jax"
+    env = nojax.environ({**os.environ, "PYTHONPATH": str(tmp_path), "TF_USE_LEGACY_KERAS": "1",
+                         "TF_CPP_MIN_LOG_LEVEL": "3"})
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0 and done.stdout.split() == ["False", "True"], \
-        "expected `import tensorflow` without JAX and a JAX function converted to TFLite (else run " \
-        f"`bash tools/tensorflow_patch.sh {sys.executable}`), measured: {done.stdout}{done.stderr[-2000:]}"
+        f"expected TensorFlow without JAX, then JAX importable, and the old sitecustomize run: {done.stdout}" \
+        f"{done.stderr[-2000:]}"
+    plain = subprocess.run([sys.executable, "-c", "import sys, tensorflow; print('jax' in sys.modules)"],
+                           capture_output=True, text=True, timeout=180, env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+    assert plain.stdout.split() == ["True"], "TensorFlow no longer imports JAX by itself: kit.core.nojax can go " \
+        f"(and docs/upstream/tensorflow-jax-on-use.md): {plain.stdout}{plain.stderr[-1000:]}"
+
+
+@pytest.mark.slow  # two 2-process jobs of Keras on JAX: ~40 s
+def test_the_exported_script_reaches_model_parallel_from_its_command_line(tmp_path):
+    """`python main.py --parallel model` trains step 4's ModelParallel: the hidden kernel split over the processes."""
+    script = export(LESSON, tmp_path)
+    folder = tmp_path / "model"
+    results = _job(script, folder, 2, {"JAX_PLATFORMS": "cpu"}, ["--parallel", "model", "--epochs", "1"])
+    assert [r["layout"] for r in results] == ["P(None, 'model')"] * 2, results
+    assert results[0]["this process"] != results[0]["whole"], f"expected each process to hold part of it: {results}"

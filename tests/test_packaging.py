@@ -4,7 +4,6 @@ package: its license, its package data, and a wheel that works installed elsewhe
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -12,34 +11,72 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+import pythons
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]*-*.ipynb"))
 
 
-def pyproject_pins():
+def requirements():
+    """Every requirement of pyproject.toml: the dependencies and each extra's."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    specs = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
-    return dict(spec.split("==") for spec in specs)
+    return [Requirement(spec) for spec in
+            project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]]
 
 
-def environment_pins(path):
+def lock_pins(path):
+    """``{name: version}`` of a lock (uv pip compile's ``name==version`` lines) or of a conda environment's pip list."""
     pins = {}
     for line in path.read_text().splitlines():
-        match = re.match(r"\s+- ([A-Za-z0-9_.\[\]-]+)==([^\s#]+)", line)
+        match = re.match(r"^(?:\s+- )?([A-Za-z0-9][A-Za-z0-9_.-]*)==([^\s#;]+)", line)
         if match:
-            pins[match[1]] = match[2]
+            pins[canonicalize_name(match[1])] = match[2]
     return pins
 
 
-def test_every_dependency_is_pinned_exactly():
+LOCKS = sorted((REPO / "locks").glob("py3.*.txt"))
+
+
+def test_dependencies_are_ranges_with_a_floor_and_each_lock_pins_them_inside():
+    """A library declares ranges (it installs beside a course image's or Colab's pins); the tested set is a lock
+    per supported Python, each pin inside pyproject's range, and requires-python admits exactly those Pythons."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    for spec in project["dependencies"]:
-        assert "==" in spec, f"{spec} is not pinned"
+    for requirement in requirements():
+        assert not any(spec.operator in ("==", "===") for spec in requirement.specifier), \
+            f"pyproject.toml pins {requirement} exactly: give a range (>= the oldest that works); the lock pins"
+        assert any(spec.operator == ">=" for spec in requirement.specifier), f"{requirement} has no floor (>=)"
+    assert [lock.name for lock in LOCKS] == ["py3.11.txt", "py3.12.txt", "py3.13.txt"], LOCKS
+    supported = SpecifierSet(project["requires-python"])
+    for lock in LOCKS:
+        python = lock.name[2:-4]
+        assert f"{python}.0" in supported, f"{lock.name}: requires-python {supported} does not admit {python}"
+        pins = lock_pins(lock)
+        for requirement in requirements():
+            name = canonicalize_name(requirement.name)
+            assert name in pins, f"{lock.name} has no pin for {requirement}: run make lock"
+            assert requirement.specifier.contains(pins[name], prereleases=True), \
+                f"{lock.name} pins {name}=={pins[name]} outside pyproject's {requirement}: run make lock"
+    assert "3.10.0" not in supported and "3.14.0" in supported, "no ceiling on Python where no break is known"
 
 
-def test_environment_yml_lists_the_same_pins_as_pyproject():
-    assert environment_pins(REPO / "environment.yml") == pyproject_pins()
+def test_jax_is_the_newest_each_python_takes():
+    """JAX 0.11 and later need Python 3.12: 3.11's lock keeps 0.10.2, 3.12's and 3.13's have 0.12 or later."""
+    versions = {lock.name: Version(lock_pins(lock)["jax"]) for lock in LOCKS}
+    assert versions["py3.11.txt"] < Version("0.11") <= Version("0.12") <= versions["py3.12.txt"], versions
+    assert versions["py3.13.txt"] >= Version("0.12"), versions
+
+
+def test_environment_yml_lists_the_pins_of_the_python_3_11_lock():
+    """Binder's environment is Python 3.11 with the lock of 3.11, written by tools/environment_yml.py."""
+    text = (REPO / "environment.yml").read_text()
+    assert "  - python=3.11\n" in text
+    assert lock_pins(REPO / "environment.yml") == lock_pins(REPO / "locks" / "py3.11.txt"), \
+        "environment.yml differs from locks/py3.11.txt: run python tools/environment_yml.py"
 
 
 def test_binder_environment_is_the_root_one():
@@ -110,9 +147,8 @@ def make_test(folder: Path, **exits: str) -> subprocess.CompletedProcess:
     """`make test` with the project's Makefile in ``folder``, its python (and the tools its targets look for) a
     stand-in: the recipes' own shell runs, the tests and notebooks do not."""
     (folder / "patches").mkdir(exist_ok=True)
-    (folder / "tools").mkdir(exist_ok=True)
-    for name in ("pyproject.toml", "tools/horovod_wheel.sh", "patches/horovod-0.28.1-tf2.21.patch",
-                 "tools/tensorflow_patch.sh", "patches/tensorflow-2.21.0-jax-on-use.patch"):
+    (folder / "kit" / "tools").mkdir(parents=True, exist_ok=True)
+    for name in ("pyproject.toml", "kit/tools/horovod_wheel.sh", "patches/horovod-0.28.1-tf2.21.patch"):
         (folder / name).touch()
     (folder / "Makefile").write_text((REPO / "Makefile").read_text())
     bin_ = folder / "venv" / "bin"
@@ -121,7 +157,8 @@ def make_test(folder: Path, **exits: str) -> subprocess.CompletedProcess:
     for name, text in tools.items():
         (bin_ / name).write_text(text)
         (bin_ / name).chmod(0o755)
-    (folder / "venv" / ".installed").touch()  # newer than the prerequisites above: no install
+    for stamp in (".installed", ".installed-horovod"):  # newer than the prerequisites above: no install
+        (folder / "venv" / stamp).touch()
     (folder / "notebooks-started").unlink(missing_ok=True)
     env = {**os.environ, "FAKE": str(folder), "PATH": f"{bin_}:{os.environ['PATH']}", **exits}
     env.pop("MAKEFLAGS", None)
@@ -185,7 +222,7 @@ def test_package_data_carries_mnist_and_every_lesson_file_kit_notebooks_copies()
     # every figure a lesson shows, and every notebook a lesson runs from trials/, is in the wheel
     figures = {p.relative_to(REPO / "notebooks") for p in (REPO / "notebooks" / "figures").iterdir() if p.is_file()}
     trials = {p.relative_to(REPO / "notebooks") for p in (REPO / "notebooks" / "trials").glob("*.ipynb")}
-    shown = {Path(m) for p in NOTEBOOKS for m in re.findall(r"\]\((figures/[^)\s]+)\)", p.read_text())}
+    shown = {Path("figures", m) for p in NOTEBOOKS for m in re.findall(r"\]\(attachment:([^)\s]+)\)", p.read_text())}
     results = {p.relative_to(REPO / "notebooks") for p in (REPO / "notebooks" / "results").iterdir() if p.is_file()}
     needed = figures | trials | shown | results
     assert len(shown) >= 10 and len(results) >= 2 and needed <= shipped, sorted(map(str, needed - shipped))
@@ -212,28 +249,19 @@ print(json.dumps({
 
 @pytest.mark.slow  # builds and installs a wheel, runs a copied lesson: about 30 s, more when pip fetches setuptools
 def test_a_wheel_installed_elsewhere_finds_mnist_the_notebooks_and_its_commands(tmp_path):
-    # The build runs on a copy: pip builds in the source folder, and its build/ and *.egg-info must
-    # not land in the checkout (nor collide with another run of this test).
-    source = tmp_path / "source"
-    skip = shutil.ignore_patterns("out", "__pycache__", ".ipynb_checkpoints", "*.egg-info", "build")
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(REPO / name, source / name)
-    for name in ("kit", "notebooks", "docs"):
-        shutil.copytree(REPO / name, source / name, ignore=skip)
-    wheels, target, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
+    wheel = pythons.build_wheel(tmp_path)  # from a copy of the checkout
+    target, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
     elsewhere.mkdir()
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    built = subprocess.run(pip + ["wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
-                           capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stdout + built.stderr
-    (wheel,) = wheels.glob("kit-*.whl")
     # MNIST (11.5 MB, already compressed) is most of it; notebooks/out, tests and docs stay out
     assert wheel.stat().st_size < 14e6, f"{wheel.name} is {wheel.stat().st_size / 1e6:.1f} MB"
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "kit/train/datasets/mnist.npz" in names and "kit/notebooks/figures/01-data-parallel.svg" in names
+    assert {"kit/locks/py3.13.txt", "kit/patches/horovod-0.28.1-tf2.21.patch", "kit/tools/horovod_wheel.sh",
+            "kit/core/nojax_site/sitecustomize.py"} <= set(names), "the wheel lacks what kit.tools.install, " \
+        "kit horovod or kit.core.nojax read"
     assert not [n for n in names if n.startswith(("kit/notebooks/out/", "tests/", "docs/"))]
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert any(n.endswith(".dist-info/licenses/kit/train/datasets/README.md") for n in names)
@@ -300,3 +328,31 @@ def test_kit_notebooks_prints_the_install_that_adds_jupyterlab_where_it_is_missi
     printed = capsys.readouterr().out
     assert "pip install 'jupyterlab==4.6.6'" in printed and printed.rstrip().endswith(f"jupyter lab {tmp_path / 'lessons'}")
     assert not [p.name for p in (tmp_path / "lessons").glob("*.ipynb") if "../docs/" in p.read_text()]
+
+
+@pytest.mark.slow  # hashes every installed file (TensorFlow's 1.5 GB): ~10 s
+def test_no_installed_file_differs_from_its_wheels_record():
+    """Nothing of ours edits an installed package: every file under site-packages that a wheel's RECORD lists with a
+    hash still has that hash (`make`'s install, Horovod's wheel and kit.core.nojax change no file of TensorFlow's)."""
+    import base64
+    import hashlib
+    import importlib.metadata
+    import sysconfig
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    changed, checked = [], 0
+    for dist in importlib.metadata.distributions(path=[str(site)]):
+        for file in dist.files or []:
+            if file.hash is None or file.hash.mode != "sha256":
+                continue
+            path = Path(file.locate())
+            if not path.is_file():
+                changed.append(f"{dist.metadata['Name']}: {file} is missing")
+                continue
+            digest = base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
+            checked += 1
+            if digest != file.hash.value:
+                changed.append(f"{dist.metadata['Name']}: {file} differs from its RECORD")
+    assert checked > 1000, f"only {checked} files checked under {site}"
+    assert not changed, "installed files changed after install (reinstall them; never edit an installed package):\n" + \
+        "\n".join(changed[:20])

@@ -6,37 +6,18 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
+from conftest import LEARNER as USER
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "tools"))
 import sandbox  # noqa: E402
 
-USER = "kitlearner"
-
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def learner():
-    """The user, able to run this interpreter, with a temporary folder of its own; undone afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create the unprivileged user (CI runs as root)")
-    user = sandbox.ensure_user(USER)
-    folders = sandbox.grant_python(USER)
-    tmp = tempfile.mkdtemp(prefix="kit-learner-", dir="/tmp")  # not under a test worker's 0700 TMPDIR
-    os.chown(tmp, user.pw_uid, user.pw_gid)
-    try:
-        yield user, tmp
-    finally:
-        sandbox.revoke_python(USER, folders)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_the_filter_refuses_exactly_what_dockers_default_profile_refuses():

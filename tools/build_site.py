@@ -94,6 +94,8 @@ def prepare(notebook: dict, executed: bool) -> dict:
     showed, and a note under the title (see the module docstring)."""
     notebook = copy.deepcopy(notebook)
     for cell in notebook["cells"]:
+        if cell.pop("attachments", None):  # a concept figure (tools/colab.py): the page shows figures/'s file
+            cell["source"] = _text(cell["source"]).replace("](attachment:", "](figures/")
         if cell["cell_type"] != "code":
             continue
         metadata = cell.setdefault("metadata", {})

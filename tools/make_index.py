@@ -29,7 +29,8 @@ INDEX = NOTEBOOKS / "README.md"
 SECONDS = NOTEBOOKS / "run-seconds.json"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reading  # noqa: E402  (tools/reading.py, beside this file)
+import colab  # noqa: E402  (tools/colab.py, beside this file)
+import reading  # noqa: E402
 
 #: Notebooks of the curriculum (issue 3) that may not exist yet: file stem → title.
 PLANNED = {
@@ -51,8 +52,8 @@ They start from TensorFlow's tutorial "Multi-worker training with Keras" (its `m
 it (Horovod's Keras recipe, TensorFlow's parameter-server tutorial, Keras's distribution guide, the papers on
 batch size); a claim of a source that no longer holds is corrected where it comes up.
 
-| # | notebook | what it does |
-|---|---|---|
+| # | notebook | Colab | what it does |
+|---|---|---|---|
 """
 
 
@@ -81,6 +82,8 @@ def title_and_summary(markdown: str, number: str = "") -> tuple[str, str]:
             continue
         if line.startswith(("#", "**What you will learn")):
             break
+        if colab.BADGE.match(line + "\n\n"):  # the notebook's links (tools/colab.py)
+            continue
         paragraph.append(line.strip())
     return title, " ".join(paragraph)
 
@@ -99,9 +102,10 @@ def rows(notebooks_dir: Path = NOTEBOOKS) -> list[str]:
         if stem in found:
             title, summary = title_and_summary(first_cell(found[stem]), number)
             link = f"[{_cell(title or stem)}]({found[stem].name})"
+            badge = f"[open]({colab.colab_url(found[stem].name)})"
         else:
-            link, summary = f"{PLANNED[stem]} (`{stem}`, not written yet)", ""
-        entries.append(f"| {number} | {link} | {_cell(summary)} |")
+            link, summary, badge = f"{PLANNED[stem]} (`{stem}`, not written yet)", "", ""
+        entries.append(f"| {number} | {link} | {badge} | {_cell(summary)} |")
     return entries
 
 

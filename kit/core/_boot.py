@@ -21,7 +21,7 @@ import os
 import runpy
 import sys
 
-from . import _lifeline, _netns, _remote, tfdata_wakeup
+from . import _lifeline, _netns, _remote, nojax, tfdata_wakeup
 
 
 def main(argv: list[str]) -> None:
@@ -31,6 +31,7 @@ def main(argv: list[str]) -> None:
     if netns:  # an engine of a local cluster: into the cluster's private network first
         _netns.enter(netns)
     _lifeline.start()
+    nojax.install()  # TensorFlow's import without JAX (kit.core.nojax says why)
     if argv[0] == "ipyparallel.engine":  # fit returns on time on the kit's engines (kit.core.tfdata_wakeup)
         tfdata_wakeup.install()
     if os.environ.get(_remote.PRELOAD_VAR) == "tensorflow":  # ClusterOptions.preload: overlaps the roles

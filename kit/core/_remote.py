@@ -199,20 +199,10 @@ def preload_tensorflow() -> threading.Thread | None:
     return PRELOAD
 
 
-def import_tensorflow_and_keras(jax: bool = True) -> None:
-    """Import TensorFlow, and tf_keras where ``TF_USE_LEGACY_KERAS=1`` asks for it (the preload, the zygote).
-
-    ``jax=False`` (the zygote, before any code of the engine runs): where JAX is installed, TensorFlow imports it
-    for TFLite's JAX converter alone, 106 MiB and 1.3 s per process (docs/performance.md, change 26); not here, and
-    only for the length of this import. Not in the preload: its thread runs beside the engine's first function."""
-    unset = not jax and "jax" not in sys.modules
-    if unset:
-        sys.modules["jax"] = None  # type: ignore[assignment]  # an import of it fails: TensorFlow goes on without
-    try:
-        importlib.import_module("tensorflow")
-    finally:
-        if unset and sys.modules.get("jax", 0) is None:
-            del sys.modules["jax"]
+def import_tensorflow_and_keras() -> None:
+    """Import TensorFlow, and tf_keras where ``TF_USE_LEGACY_KERAS=1`` asks for it (the preload, the zygote); without
+    JAX in processes that installed :mod:`kit.core.nojax` (every engine does)."""
+    importlib.import_module("tensorflow")
     if os.environ.get("TF_USE_LEGACY_KERAS") == "1" and find_spec("tf_keras") is not None:
         importlib.import_module("tf_keras")
 
@@ -306,7 +296,7 @@ def reachable_address() -> str:
     """
     import psutil
 
-    for conn in psutil.Process().net_connections(kind="tcp"):
+    for conn in tcp_connections():
         if conn.status == psutil.CONN_ESTABLISHED and conn.raddr and not conn.raddr.ip.startswith("127."):
             return conn.laddr.ip
     return "127.0.0.1"
@@ -372,3 +362,12 @@ def probe(addresses: dict[str, str], timeout: float = 3.0) -> dict[str, str]:
         except OSError as error:
             failed[task] = f"{address}: {error.strerror or error}"
     return failed
+
+
+def tcp_connections(process: Any = None) -> list:
+    """The TCP connections of ``process`` (a psutil.Process; this one by default): psutil's ``net_connections``, or
+    ``connections`` before psutil 6 (Colab's runtime has 5.9.5 loaded in its kernel, and kit.tools.install keeps it)."""
+    import psutil
+
+    process = process or psutil.Process()
+    return (getattr(process, "net_connections", None) or process.connections)(kind="tcp")

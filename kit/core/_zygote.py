@@ -189,13 +189,14 @@ def _prepare() -> None:
     import gc
     import importlib
 
-    from . import _netns, _remote, tfdata_wakeup
+    from . import _netns, _remote, nojax, tfdata_wakeup
 
     netns = os.environ.get(_netns.NETNS_VAR)
     if netns:
         _netns.enter(netns)
     tfdata_wakeup.install()
-    _remote.import_tensorflow_and_keras(jax=False)  # one thread, and no engine code yet
+    nojax.install()  # TensorFlow without JAX; the engine's code may still import JAX
+    _remote.import_tensorflow_and_keras()
     importlib.import_module("ipyparallel.engine.app")
     gc.collect()
     gc.freeze()

@@ -22,10 +22,11 @@ import sys
 import threading
 from typing import Any
 
+from . import nojax
 from .cluster import TFCluster
 from .errors import ClusterError, OptionError
 
-#: The Horovod release the kit builds and tests (tools/horovod_wheel.sh, `make horovod`).
+#: The Horovod release the kit builds and tests (kit/tools/horovod_wheel.sh: `kit horovod`, `make horovod`).
 HOROVOD_VERSION = "0.28.1"
 
 #: Why Keras 3 is refused (also the message of the OptionError).
@@ -34,8 +35,9 @@ KERAS3_REFUSED = ("under Keras 3, Horovod 0.28.1's hvd.DistributedOptimizer does
                   "the ranks silently train apart) and its BroadcastGlobalVariablesCallback fails "
                   "('Variable' object has no attribute 'ref')")
 
-_BUILD_FIX = ("Fix: run `make horovod` (it builds Horovod for the pinned TensorFlow and reuses the "
-              "wheel afterwards), or bash tools/horovod_wheel.sh PATH/TO/python for another environment")
+_BUILD_FIX = ("Fix: run `kit horovod` in a terminal (`!kit horovod` in a notebook cell, Colab's too): it "
+              "builds Horovod for this Python's TensorFlow with cmake and g++ (2-5 minutes, once) and installs "
+              "it; in a checkout, `make horovod`")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,6 +238,7 @@ def run_horovodrun(args: list[str], time_limit: float = 120.0) -> dict[str, Any]
     before = {child.pid for child in psutil.Process().children(recursive=True)}  # e.g. ipyparallel's nanny
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_") and k != "TF_CONFIG"}
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # "python" = this one
+    env = nojax.environ(env)  # the ranks import TensorFlow without JAX (kit.core.nojax)
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "horovod.runner.launch", *map(str, args)], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -263,7 +266,9 @@ def listening_addresses(port: int) -> list[str]:
     own network namespace, which the driving process may not share)."""
     import psutil
 
-    return sorted(c.laddr.ip for c in psutil.Process().net_connections(kind="tcp")
+    from ._remote import tcp_connections
+
+    return sorted(c.laddr.ip for c in tcp_connections()
                   if c.status == psutil.CONN_LISTEN and c.laddr.port == port)
 
 

@@ -37,9 +37,10 @@ from . import tfconfig
 from .cluster import Phase, TFCluster
 from .errors import ClusterError, OptionError, TFConfigError
 
-#: The JAX release the kit tests (pyproject.toml pins ``jax[cpu]`` to it).
-JAX_VERSION = "0.10.2"
-_INSTALL = f"pip install 'jax[cpu]=={JAX_VERSION}' (the kit's pin) into the engines' Python"
+#: The oldest JAX the kit runs (pyproject.toml's floor for ``jax[cpu]``); the locks pin the newest each Python takes.
+JAX_MIN = "0.10.2"
+_INSTALL = ("pip install -c locks/py3.X.txt 'jax[cpu]' (the tested version for that Python) into the engines' "
+            "Python, the kernel's too")
 
 #: The variables ``keras.distribution.initialize()`` reads.
 ADDRESSES, PROCESSES, PROCESS_ID = ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
@@ -160,11 +161,16 @@ class JaxCluster(TFCluster):
     def _configure_tasks(self) -> None:  # at every start and restart: each process's variables, checked
         group = self.task_group()
         tasks = [group.info(name) for name in group.names]
-        for task in tasks:
-            found = group.engine(task.name).apply_sync(jax_version)
-            if found != JAX_VERSION:
-                raise ClusterError(f"{task.name}'s Python has {'JAX ' + found if found else 'no JAX'}, but the "
-                                   f"kit is tested with JAX {JAX_VERSION}. Fix: {_INSTALL}", [task.name])
+        from packaging.version import Version
+
+        found = {task.name: group.engine(task.name).apply_sync(jax_version) for task in tasks}
+        for name, version in found.items():
+            if version is None or Version(version) < Version(JAX_MIN):
+                raise ClusterError(f"{name}'s Python has {'JAX ' + version if version else 'no JAX'}, but the kit "
+                                   f"needs JAX {JAX_MIN} or later. Fix: {_INSTALL}", [name])
+        if len(set(found.values())) > 1:
+            raise ClusterError(f"the processes run different JAX releases ({found}): one program over several "
+                               f"processes needs the same on each. Fix: {_INSTALL}", sorted(found))
         addresses = [t.address for t in tasks]  # the ports the kit opened and checked, process 0's first
         self._jax_env = {t.name: group.engine(t.name).apply_sync(
             set_jax_environment, job_environment(addresses, i), self.tensorflow)

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from . import _lifeline, _netns
+from . import _lifeline, _netns, _remote, nojax
 from .errors import ClusterError
 
 
@@ -111,8 +111,8 @@ def launch(commands: list[str], workdir: str, wait_seconds: float, ready: str = 
     import psutil
 
     libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork; the child only calls prctl
-    environment = {**os.environ, **(env or {}),
-                   "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    environment = nojax.environ({**os.environ, **(env or {}),  # TensorFlow's import without JAX (kit.core.nojax)
+                                 "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
     for name in ("TF_CONFIG", "TF_USE_LEGACY_KERAS"):  # the commands set these themselves
         environment.pop(name, None)
     holder = socket.create_server(("127.0.0.1", hold_port)) if hold_port else None
@@ -133,7 +133,7 @@ def launch(commands: list[str], workdir: str, wait_seconds: float, ready: str = 
                 try:
                     info = psutil.Process(process.pid)
                     peak[i] = max(peak[i], info.memory_info().rss)
-                    listening[i] |= {f"{c.laddr.ip}:{c.laddr.port}" for c in info.net_connections("tcp")
+                    listening[i] |= {f"{c.laddr.ip}:{c.laddr.port}" for c in _remote.tcp_connections(info)
                                      if c.status == psutil.CONN_LISTEN}
                     network[i] = network[i] or os.readlink(f"/proc/{process.pid}/ns/net")
                 except (psutil.NoSuchProcess, FileNotFoundError):

@@ -167,7 +167,14 @@ class Run:
         # rows and output show it before raising
         survivors = [msg for n, msg in zip(names, result.msg_ids) if n not in dead]
         if survivors:
+            deadline = time.monotonic() + LOST_PEERS_GRACE_SECONDS
             engines.wait(survivors, timeout=LOST_PEERS_GRACE_SECONDS)
+            # a reply's status and its error come on two sockets (ipyparallel's shell and IOPub channels), and under
+            # load the error can trail the status ("error:" with no text, and no error to report): wait, in the same
+            # bound, for each survivor's output to end
+            for part in result.split():
+                if part.msg_ids[0] in survivors:
+                    part.wait_for_output(max(0.0, deadline - time.monotonic()))
             follower.update(result)
             live.follow(result, names)
             for task, meta in zip(names, _as_list(result.metadata)):  # on a loaded machine the reply can trail

@@ -137,6 +137,13 @@ def carry_docs(target: Path, notebooks: list[Path]) -> list[Path]:
     return sorted(set(copied))
 
 
+def cmd_horovod(args: argparse.Namespace) -> int:
+    import subprocess
+
+    script = Path(__file__).resolve().parent / "horovod_wheel.sh"
+    return subprocess.run(["bash", str(script), sys.executable]).returncode
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     import logging
 
@@ -207,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .export import add_parser as add_export
     add_export(sub)
+
+    p = sub.add_parser("horovod", help="build Horovod for this Python's TensorFlow and install it (cmake, g++)",
+                       description="Builds Horovod 0.28.1 (TensorFlow and Gloo, CPU) from PyPI's source with the "
+                                   "kit's patch for TensorFlow 2.21, once (cached in ~/.cache/kit/wheels; 2-5 minutes on "
+                                   "2 cores), and installs it into this Python: what notebooks 09 and 09b need. In a "
+                                   "checkout, `make horovod` does the same.")
+    p.set_defaults(func=cmd_horovod)
 
     p = sub.add_parser("sweep", help="run a notebook once per point of a parameter grid (papermill)",
                        description="Runs NOTEBOOK once per combination of the -p values, each in a fresh "

@@ -11,6 +11,7 @@ A notebook marks its lesson with cell tags and one metadata entry:
                  "arguments": {"epochs": "EPOCHS"},     # its parameters set on the command line, each
                                                         # defaulting to a variable of the parameters cell
                  "keras": "tf_keras",                   # or "keras3": which Keras the script asks for
+                 "help": {"run_dir": "storage every worker shares ..."},   # an option's --help sentence
                  "run": "TF_CONFIG='{...}' python main.py"}   # how a cluster runs it (shown in the script)
 
 The script reads ``TF_CONFIG`` (or Horovod's, or Slurm's environment) itself, as any job does, and prints
@@ -109,14 +110,15 @@ def parameters(notebook: dict) -> dict[str, Any]:
     return {}
 
 
-def _option(name: str, default: Any) -> str:
+def _option(name: str, default: Any, sentence: str | None = None) -> str:
     """The argparse line of one option; a default of None or of a list takes any Python literal (``--seed 1`` is
-    the number 1, ``--path x.npz`` stays text)."""
+    the number 1, ``--path x.npz`` stays text). ``sentence``: what ``--help`` says of it (then its default)."""
     flag = "--" + name.replace("_", "-")
+    text = f",\n                        help={sentence.replace('%', '%%') + ' (default: %(default)s)'!r}" if sentence else ""
     if isinstance(default, bool):
-        return f"    parser.add_argument({flag!r}, action=argparse.BooleanOptionalAction, default={default!r})"
+        return f"    parser.add_argument({flag!r}, action=argparse.BooleanOptionalAction, default={default!r}{text})"
     kind = {int: "int", float: "float", str: "str"}.get(type(default), "literal")
-    return f"    parser.add_argument({flag!r}, type={kind}, default={default!r})"
+    return f"    parser.add_argument({flag!r}, type={kind}, default={default!r}{text})"
 
 
 def script(notebook: dict, name: str) -> tuple[str, dict[str, str]]:
@@ -139,6 +141,11 @@ def script(notebook: dict, name: str) -> tuple[str, dict[str, str]]:
     if missing:
         raise ExportError(f"{name}: metadata.kit.export.arguments names {missing}, which the parameters cell "
                           "does not set to a literal. Fix: name variables of the cell tagged 'parameters'")
+    helps = spec.get("help", {})
+    strays = sorted(set(helps) - set(arguments))
+    if strays:
+        raise ExportError(f"{name}: metadata.kit.export.help names {strays}, which are not among its arguments. "
+                          "Fix: give help only for options of metadata.kit.export.arguments")
     files, body = {}, []
     for source in sources:
         match = _WRITEFILE.match(source)
@@ -149,6 +156,7 @@ def script(notebook: dict, name: str) -> tuple[str, dict[str, str]]:
     if call is None or not any(re.search(rf"^def {re.escape(call)}\(", s, re.M) for s in body):
         raise ExportError(f"{name}: metadata.kit.export.call is {call!r}, which no lesson cell defines. "
                           "Fix: name the training function of a cell tagged 'lesson'")
+    body = reachable(body, call)
     title = next((("".join(c["source"]).splitlines() or [""])[0].lstrip("# ").strip()
                   for c in notebook["cells"] if c["cell_type"] == "markdown"), name)
     keras = spec.get("keras", "tf_keras")
@@ -171,7 +179,7 @@ def script(notebook: dict, name: str) -> tuple[str, dict[str, str]]:
                    "# under MultiWorkerMirroredStrategy (keras-team/keras#20585). Needs `pip install tf-keras`; it must be",
                    "# set before TensorFlow is imported.",
                    'os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")', ""]
-    options = [_option(arg, values[var]) for arg, var in arguments.items()]
+    options = [_option(arg, values[var], helps.get(arg)) for arg, var in arguments.items()]
     main = [
         "",
         "def literal(text):",
@@ -199,6 +207,46 @@ def script(notebook: dict, name: str) -> tuple[str, dict[str, str]]:
     text = "\n".join(header) + "\n" + "\n\n\n".join(body) + "\n\n" + "\n".join(main) + "\n"
     ast.parse(text)  # a lesson that does not parse fails here, not on the cluster
     return text, files
+
+
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def unreachable(sources: list[str], call: str) -> list[str]:
+    """The top-level functions and classes of ``sources`` that neither ``call`` (what main() runs) nor the module's
+    own top-level statements reach, directly or through each other: the notebook's probes and pitfalls."""
+    tree = ast.parse("\n\n".join(sources))
+    defs = {node.name: node for node in tree.body if isinstance(node, _DEFS)}
+
+    def names(node: ast.AST) -> set[str]:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+    todo = [call, *(name for node in tree.body if not isinstance(node, _DEFS) for name in names(node))]
+    reached: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in defs and name not in reached:
+            reached.add(name)
+            todo += names(defs[name])
+    return [name for name in defs if name not in reached]
+
+
+def reachable(sources: list[str], call: str) -> list[str]:
+    """``sources`` without what :func:`unreachable` names (with the comment lines right above each); a cell left
+    with nothing else goes too."""
+    dropped = set(unreachable(sources, call))
+    kept = []
+    for source in sources:
+        lines = source.splitlines()
+        for node in reversed([n for n in ast.parse(source).body if isinstance(n, _DEFS) and n.name in dropped]):
+            start = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
+            while start > 0 and lines[start - 1].lstrip().startswith("#"):
+                start -= 1
+            del lines[start:node.end_lineno]
+        text = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip("\n")
+        if any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines()):
+            kept.append(text)
+    return kept
 
 
 def export(notebook_path: Path, out: Path) -> list[Path]:

@@ -2,7 +2,8 @@
 # Install Horovod (TensorFlow + Gloo, CPU) into a Python environment, from PyPI's sdist plus the
 # patch kept in patches/, building the wheel once and reusing it from a cache outside the repository.
 #
-#   bash tools/horovod_wheel.sh .venv/bin/python      # what `make horovod` and the install stamp run
+#   bash kit/tools/horovod_wheel.sh .venv/bin/python   # what `make horovod` runs
+#   kit horovod                                         # the same, from an installed kit (Colab: !kit horovod)
 #
 # The cache key is Horovod's version + the installed TensorFlow's version + the Python tag + the patch's
 # hash, so a fresh clone on the same machine (CI) reuses the wheel, and a new TensorFlow or patch
@@ -11,10 +12,13 @@
 # installed with apt-get when missing, otherwise the script stops and names the fix.
 set -euo pipefail
 
-PYTHON=${1:?usage: tools/horovod_wheel.sh PATH/TO/python}
+PYTHON=${1:?usage: kit/tools/horovod_wheel.sh PATH/TO/python}
 HOROVOD_VERSION=0.28.1
-REPO=$(cd "$(dirname "$0")/.." && pwd)
-HOROVOD_PATCH=${HOROVOD_PATCH-$REPO/patches/horovod-$HOROVOD_VERSION-tf2.21.patch}
+# the patch: patches/ in a checkout (two folders up), kit/patches in an installed wheel (one up)
+HERE=$(cd "$(dirname "$0")" && pwd)
+PATCH_NAME=horovod-$HOROVOD_VERSION-tf2.21.patch
+for PATCHES in "$HERE/../../patches" "$HERE/../patches"; do [ -f "$PATCHES/$PATCH_NAME" ] && break; done
+HOROVOD_PATCH=${HOROVOD_PATCH-$PATCHES/$PATCH_NAME}
 CACHE=${KIT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kit}/wheels
 
 say() { echo "[horovod] $*" >&2; }

@@ -1,0 +1,117 @@
+"""Other Pythons for the smoke tier (tests/test_pythons.py) and the Colab emulation (tests/test_colab.py).
+
+A fresh venv per Python, with the kit installed from the wheel this checkout builds and its lock as pip's
+constraints; its notebooks run through papermill with that venv's kernel; everything it starts is checked gone.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO / "notebooks"
+
+
+def interpreter(version: str) -> str:
+    """The path of a Python ``version`` ("3.12"): on PATH, else pyenv's; skipped with the reason where missing, and
+    a failure in CI (a tier that silently skips is no tier)."""
+    found = shutil.which(f"python{version}")
+    if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:  # not a pyenv shim that
+        return found                                                                       # has no such version
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    candidates = sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"))
+    if candidates:
+        return candidates[-1]
+    reason = (f"no Python {version} here (PATH or {root}/versions). Fix: install it (pyenv install {version}, or "
+              f"apt-get install python{version}-venv)")
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def run(command: list[str], timeout: float, what: str, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``command`` bounded; a failure or a time-out names ``what`` and shows the output's end."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"{what} did not finish within {timeout:g} s: {(e.stdout or '')[-2000:]}") from None
+    assert done.returncode == 0, f"{what} exited with {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+#: What the wheel is built from (pyproject.toml's packages and package-dir).
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "kit", "notebooks", "docs", "locks", "patches")
+
+
+def build_wheel(folder: Path) -> Path:
+    """The kit's wheel, built from a copy of this checkout in ``folder``: pip builds in the source folder, and its
+    build/ and *.egg-info must not land in the checkout, nor collide with another build at the same time."""
+    source = folder / "source"
+    skip = shutil.ignore_patterns("out", "__pycache__", ".ipynb_checkpoints", "*.egg-info", "build")
+    for name in SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name, ignore=skip)
+        else:
+            source.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(REPO / name, source / name)
+    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w",
+         str(folder / "wheels"), str(source)], 300, "pip wheel of the kit")
+    (wheel,) = (folder / "wheels").glob("kit-*.whl")
+    return wheel
+
+
+def make_venv(python: str, folder: Path) -> Path:
+    """A fresh venv; the path of its python."""
+    run([python, "-m", "venv", str(folder)], 120, f"{python} -m venv")
+    return folder / "bin" / "python"
+
+
+def left_behind(venv: Path) -> list[str]:
+    """Processes that run a Python of ``venv`` (none should outlive a notebook or a demo)."""
+    left = []
+    for process in psutil.process_iter(["pid", "exe", "cmdline"]):
+        exe, cmdline = process.info["exe"] or "", " ".join(process.info["cmdline"] or [])
+        if str(venv) in exe or str(venv) in cmdline:
+            left.append(f"{process.info['pid']}: {cmdline[:200]}")
+    return left
+
+
+def no_process_left(venv: Path, seconds: float = 15) -> None:
+    """Every process of ``venv`` gone within ``seconds`` (an ended kernel's engines take a moment)."""
+    deadline = time.monotonic() + seconds
+    while (left := left_behind(venv)) and time.monotonic() < deadline:
+        psutil.wait_procs([], timeout=0.2)  # a bounded pause between looks
+    assert not left, f"processes of {venv} left behind:\n" + "\n".join(left)
+
+
+def papermill(python: Path, notebook: Path, out: Path, timeout: float, prefix: list[str] = (),
+              env: dict | None = None) -> dict:
+    """Run ``notebook`` through papermill with ``python``'s own kernel; the executed notebook."""
+    kernel = f"smoke-{python.parent.parent.name}"
+    run([str(python), "-m", "ipykernel", "install", "--prefix", str(python.parent.parent), "--name", kernel],
+        120, "ipykernel install")
+    run([*prefix, str(python), "-m", "papermill", str(notebook), str(out), "-k", kernel, "--cwd", str(out.parent),
+         "--execution-timeout", str(int(timeout))], timeout + 60, f"papermill {notebook.name} with {python}",
+        env={**os.environ, "KIT_VIEW": "text", **(env or {})})
+    return json.loads(out.read_text())
+
+
+def notebook(stem: str) -> Path:
+    (path,) = NOTEBOOKS.glob(f"{stem}*.ipynb")
+    return path
+
+
+def outputs(executed: dict) -> str:
+    """Every text the executed notebook's cells printed."""
+    return "".join("".join(o.get("text", "")) if isinstance(o.get("text", ""), (str, list)) else ""
+                   for cell in executed["cells"] if cell["cell_type"] == "code" for o in cell.get("outputs", []))
