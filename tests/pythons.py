@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -76,22 +75,17 @@ def make_venv(python: str, folder: Path) -> Path:
     return folder / "bin" / "python"
 
 
-def left_behind(venv: Path) -> list[str]:
+def left_behind(venv: Path) -> list[psutil.Process]:
     """Processes that run a Python of ``venv`` (none should outlive a notebook or a demo)."""
-    left = []
-    for process in psutil.process_iter(["pid", "exe", "cmdline"]):
-        exe, cmdline = process.info["exe"] or "", " ".join(process.info["cmdline"] or [])
-        if str(venv) in exe or str(venv) in cmdline:
-            left.append(f"{process.info['pid']}: {cmdline[:200]}")
-    return left
+    return [process for process in psutil.process_iter(["exe", "cmdline"]) if process.pid != os.getpid()
+            and str(venv) in (process.info["exe"] or "") + " ".join(process.info["cmdline"] or [])]
 
 
 def no_process_left(venv: Path, seconds: float = 15) -> None:
-    """Every process of ``venv`` gone within ``seconds`` (an ended kernel's engines take a moment)."""
-    deadline = time.monotonic() + seconds
-    while (left := left_behind(venv)) and time.monotonic() < deadline:
-        psutil.wait_procs([], timeout=0.2)  # a bounded pause between looks
-    assert not left, f"processes of {venv} left behind:\n" + "\n".join(left)
+    """Every process of ``venv`` gone within ``seconds`` (an ended kernel's engines take a moment to exit)."""
+    _, alive = psutil.wait_procs(left_behind(venv), timeout=seconds)
+    assert not alive, f"processes of {venv} left behind:\n" + "\n".join(
+        f"{p.pid}: {' '.join(p.info['cmdline'] or [])[:200]}" for p in alive)
 
 
 def papermill(python: Path, notebook: Path, out: Path, timeout: float, prefix: list[str] = (),

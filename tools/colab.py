@@ -64,6 +64,7 @@ def with_badge(title: dict, notebook: str) -> dict:
 
 def install_cell() -> dict:
     source = f'''\
+#@title Install the kit where it is missing (Colab): run this cell first
 # Colab, or any Python without the kit: install it, with the versions it is tested with for this Python
 import importlib.util
 if importlib.util.find_spec("kit") is None:
@@ -72,7 +73,10 @@ if importlib.util.find_spec("kit") is None:
     kit.tools.install.dependencies()  # says whether the runtime must restart, and why
 import kit.tools.install
 kit.tools.install.lessons()  # on Colab: work beside a copy of the lessons' files (figures, results, docs)'''
-    return {"cell_type": "code", "execution_count": None, "id": INSTALL_ID, "metadata": {}, "outputs": [],
+    # collapsed, as the checks are: Colab shows its title (cellView "form"), JupyterLab a collapsed input; its output,
+    # what it installed and whether to restart, shows in both
+    return {"cell_type": "code", "execution_count": None, "id": INSTALL_ID,
+            "metadata": {"cellView": "form", "jupyter": {"source_hidden": True}}, "outputs": [],
             "source": source.splitlines(keepends=True)}
 
 

@@ -1,8 +1,10 @@
 """A notebook's first cell on Colab (or any Python without the kit): the kit's dependencies at the tested versions.
 
-    %pip install --quiet --no-deps "kit @ git+https://github.com/OWNER/REPO@main"
+    %pip install --quiet --no-deps "kit @ git+https://github.com/OWNER/REPO@main"   # where the kit is missing
     import kit.tools.install; kit.tools.install.dependencies()
-    kit.tools.install.lessons()
+    kit.tools.install.lessons()                                                     # every time
+
+(tools/colab.py writes that cell into every notebook.)
 
 The kit's wheel carries the locks (locks/py3.X.txt, the tested set per Python). :func:`dependencies` installs the
 kit's requirements with the lock of this Python as pip's constraints, except for what this kernel has loaded already
@@ -79,7 +81,7 @@ def constraints(lock: dict[str, str], keep: dict[str, str]) -> str:
     return "".join(f"{name}=={version}\n" for name, version in sorted({**lock, **keep}.items()))
 
 
-def dependencies(dry_run: bool = False) -> dict[str, object]:
+def dependencies() -> dict[str, object]:
     """Install the kit's dependencies (see the module's text); returns what it did, and prints it in a line or two."""
     requirements = [Requirement(r) for r in metadata.requires("kit") or [] if "extra ==" not in r]
     lock = lock_path()
@@ -94,8 +96,7 @@ def dependencies(dry_run: bool = False) -> dict[str, object]:
         else:
             print(f"Python {sys.version_info[0]}.{sys.version_info[1]} has no tested set (the kit is tested on 3.11, "
                   "3.12 and 3.13): installing the newest versions pyproject's ranges allow")
-        if not dry_run:
-            subprocess.run(command, check=True)
+        subprocess.run(command, check=True)
     changed = {name: (version, installed(name)) for name, version in before.items() if installed(name) != version}
     seconds = time.monotonic() - started
     tested = pins(lock.read_text()) if lock else {}
