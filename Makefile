@@ -53,13 +53,10 @@ $(SITE_STAMP): $(STAMP)  # the site extra for `make site`: Sphinx, myst-nb, sphi
 	touch $(SITE_STAMP)
 
 # $(call apt_install,CHECK,PACKAGES,WHAT FOR): as root, where CHECK (a shell test) fails, install PACKAGES with
-# apt-get, running `apt-get update` only if the lists are stale; otherwise nothing (the tests that need them skip
-# and name the command)
+# tools/apt_install.sh: no service started or enabled at boot (the tests run the daemons themselves, in namespaces),
+# `apt-get update` only if the lists are stale; otherwise nothing (the tests that need them skip and name the command)
 apt_install = @if ! { $(1); } && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "apt-get install $(2) ($(3))"; \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null 2>&1 || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null; }; \
-	fi
+	  sh tools/apt_install.sh "$(3)" $(2); fi
 CHROMIUM := /usr/bin/chromium
 
 # Debian's Chromium for tests/test_browser.py (playwright drives it; its own browser download is not
@@ -108,10 +105,10 @@ unit: $(HOROVOD_STAMP) chromium netns-tools cluster-tools
 	$(BIN)/python -m pytest tests --ignore=tests/exercises --ignore=tests/test_site.py -n 2 --dist loadgroup \
 	  --durations=25  # the 25 slowest
 
-# every exercise that changes only parameters (each notebook's metadata lists them), run with papermill to the
-# end as a learner would in a fresh notebook; its own target, since it takes longer than make test allows
-# (tests/exercises/test_exercises.py). Not in CI (.ci/run says why).
-exercises: $(HOROVOD_STAMP) netns-tools  ## run every parameter-only exercise of the notebooks (out/exercises/)
+# every exercise that needs no shell (each notebook's metadata lists its parameters, cell edits and the error its
+# text announces), run with papermill as a learner would in a fresh notebook; its own target, since it takes longer
+# than make test allows (tests/exercises/test_exercises.py). Not in CI (.ci/run says why).
+exercises: $(HOROVOD_STAMP) netns-tools  ## run every exercise that needs no shell (out/exercises/: the answers' runs)
 	$(BIN)/python -m pytest tests/exercises
 
 # the fast loop while editing: the tests not marked slow (none starts a cluster or another process that

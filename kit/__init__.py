@@ -31,7 +31,7 @@ __all__ = ["TFCluster", "HorovodCluster", "JaxCluster", "ClusterOptions", "RunOp
 _LAZY = {"TFCluster": "core.cluster", "HorovodCluster": "core.horovod", "JaxCluster": "core.keras_jax",
          "ClusterOptions": "core.options",
          "RunOptions": "core.options", "TaskInfo": "core.options", "Link": "core.links",
-         "launch": "core.plain", "free_ports": "core.plain", "Progress": "train.progress",
+         "launch": "core.plain", "free_ports": "core.tfconfig", "Progress": "train.progress",
          "OnTask": "train.progress"}
 _SUBPACKAGES = {"core", "train", "tools"}
 

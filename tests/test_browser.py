@@ -42,6 +42,7 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
+import exercise_list
 from conftest import CHROMIUM, REPO, describe, kit_processes
 
 NOTEBOOK_DIR = REPO / "notebooks"
@@ -323,6 +324,11 @@ CELLS_JS = """() => {
     });
 }"""
 
+#: The exercises' answers as JupyterLab renders the last markdown cells (in view after Run All): closed
+#: ``<details>`` whose summary is "Answer", and whether each is open.
+ANSWERS_JS = """() => Array.from(document.querySelectorAll('.jp-MarkdownCell .jp-RenderedMarkdown details'))
+  .filter(d => (d.querySelector('summary') || {}).textContent === 'Answer').map(d => d.open)"""
+
 #: Hide the side bars (for the screenshot: the notebook alone) and scroll to the notebook's top
 #: (Run All leaves it at the last cell).
 TO_THE_TOP_JS = """() => {
@@ -603,6 +609,10 @@ def test_browser_runs_notebook_in_jupyterlab(name: str, lab: Lab, browser: Any) 
         record["executed"] = save_executed(page, name, started)
         problems, record["stderr_notes"] = problems_in(name, cells)
         problems += check_cell_problems(cells)
+        answers, exercises = page.evaluate(ANSWERS_JS), len(exercise_list.written(NOTEBOOK_DIR / name))
+        record["answers_open"] = answers
+        if answers.count(False) != exercises:
+            problems.append(f"{answers.count(False)} collapsed answers rendered for {exercises} exercises ({answers})")
         record["checks_shown"] = [cell["stdout"].strip() for cell in cells if "check" in cell["tags"]]
         record["problems"] = problems
         record["live_view"] = [[cell["index"], view["title"], view["rows"]] for cell in cells for view in cell["views"]]

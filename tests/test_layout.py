@@ -145,6 +145,12 @@ def test_one_of_each_helper():
     # tf-keras sums per-batch logs over the replicas: one fix, kit.train.progress.summed_replicas
     assert where(r"def summed_replicas\(") == {"kit/train/progress.py"}
     assert where(r"summed_over=") == set()
+    # one of each process mechanism: free ports in kit.core.tfconfig; "does it run" and kill-and-reap in
+    # kit.core._lifeline (runs, reap), which every module that ends processes calls
+    assert where(r"getsockname\(\)\[1\]") == {"kit/core/tfconfig.py"}
+    assert where(r"\.is_running\(\)") == {"kit/core/_lifeline.py"}
+    assert where(r"wait_procs\(") == set()
+    assert where(r"os\.waitpid\(") == {"kit/core/_lifeline.py", "kit/core/_zygote.py"}  # the zygote: its forks
 
 
 def test_engine_side_validation_raises_the_kits_errors():
@@ -174,3 +180,39 @@ def test_every_cluster_error_says_its_own_fix():
                 continue
             general.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not general
+
+
+def layer_table() -> dict[str, set[str]]:
+    """The modules docs/architecture.md's table "Three layers" names for each layer: in its last column, the
+    entries separated by commas outside parentheses, each opening with its module's name (or names, joined by /)
+    in backticks."""
+    rows = {}
+    for line in (REPO / "docs" / "architecture.md").read_text().splitlines():
+        found = re.match(r"\| `(kit\.\w+)`: ", line)
+        if not found:
+            continue
+        entries, depth, current = [], 0, ""
+        for char in line.rstrip(" |").rsplit(" | ", 1)[1]:
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if char == "," and depth == 0:
+                entries, current = entries + [current], ""
+            else:
+                current += char
+        names = set()
+        for entry in entries + [current]:
+            head = re.match(r"((?:`[\w.]+`/?)+)", re.sub(r"^(and the recipes:|and)\s*", "", entry.strip()))
+            assert head, f"docs/architecture.md, row {found[1]}: the entry {entry.strip()[:60]!r} names no module first"
+            names |= set(re.findall(r"`([\w.]+)`", head[1]))
+        rows[found[1]] = names
+    return rows
+
+
+def test_the_layer_table_names_every_module_of_its_layer_and_no_other():
+    table = layer_table()
+    graph = module_graph().modules(KIT)
+    assert sorted(table) == ["kit.core", "kit.tools", "kit.train"], f"docs/architecture.md's layers: {sorted(table)}"
+    for layer, named in table.items():
+        modules = {name.rsplit(".", 1)[1] for name in graph if name.rsplit(".", 1)[0] == layer}  # not subpackages
+        modules |= {path.name for path in (KIT / layer.split(".")[1]).glob("*.sh")}
+        assert named == modules, (f"docs/architecture.md's row for {layer}: missing {sorted(modules - named)}, "
+                                  f"not in the code {sorted(named - modules)}. Fix: describe each module in its row")

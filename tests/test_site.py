@@ -11,6 +11,8 @@ tests/test_browser.py), and checks what a reader sees:
   ``raises-exception``; no uncaught script error in the page;
 - every image loaded (``naturalWidth > 0``): the PNG figures the notebooks drew and the concept figures;
 - a notebook's checks (its collapsed cells) are collapsed, each with the line it printed in view;
+- every exercise's answer is there and collapsed: as many closed ``<details>`` "Answer" as exercises, each as
+  tall as its summary line;
 - every live-view table shows its tasks' final states ("done" or "failed");
 - each page, its HTML and its images, under :data:`MAX_PAGE_BYTES` (the theme's shared CSS, JS and fonts not
   counted: a browser loads them once for the whole site).
@@ -37,6 +39,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
+import exercise_list
 from conftest import CHROMIUM, REPO
 
 SITE = REPO / "out" / "site"
@@ -72,6 +75,10 @@ PAGE_JS = """() => {
       collapsed: !!cell.querySelector('details.hide') && !cell.querySelector('details.hide').open,
       printed: text(cell.querySelector('.cell_output') || document.createElement('div')).slice(0, 200)})),
     outputs: document.querySelectorAll('.cell_output').length,
+    answers: Array.from(document.querySelectorAll('details'))
+      .filter(d => text(d.querySelector('summary') || document.createElement('div')) === 'Answer')
+      .map(d => ({open: d.open, height: d.getBoundingClientRect().height,
+                  summary: d.querySelector('summary').getBoundingClientRect().height})),
     views: Array.from(document.querySelectorAll('table.kit-view tr[data-kit-task]'))
       .map(row => [row.getAttribute('data-kit-task'), row.getAttribute('data-kit-state')]),
   };
@@ -227,6 +234,11 @@ def test_page_shows_the_run_without_errors(notebook: str, pages: list[dict], rea
                 problems.append(f"check {i + 1} shows no printed line")
         problems += [f"live view: {task} ended {state!r}" for task, state in shown["views"]
                      if state not in ("done", "failed")]
+    exercises = len(exercise_list.written(REPO / "notebooks" / notebook))
+    if len(shown["answers"]) != exercises:
+        problems.append(f"{len(shown['answers'])} answers shown for {exercises} exercises")
+    problems += [f"answer {i + 1} is open ({answer['height']:.0f} px, its summary {answer['summary']:.0f} px)"
+                 for i, answer in enumerate(shown["answers"]) if answer["open"] or answer["height"] > answer["summary"] + 4]
     if size["total"] > MAX_PAGE_BYTES:
         problems.append(f"{size['total']:,} bytes (HTML {size['html']:,}, images {size['images']:,}), over "
                         f"{MAX_PAGE_BYTES:,}")

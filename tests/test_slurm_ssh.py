@@ -20,10 +20,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 import ipyparallel as ipp
 
+from kit.core import _lifeline
 from kit.core.cluster import TFCluster
 from kit.core.errors import ClusterError, ExposedPortsWarning
 from conftest import exposed
@@ -48,11 +50,31 @@ def require_sim_tools() -> None:
 @pytest.fixture(scope="module")
 def sim():
     require_sim_tools()
-    before = set(temporary_leftovers())
+    before, daemons = set(temporary_leftovers()), set(daemons_here())
     with SimCluster(hosts=2) as made:
         yield made
     left = sorted(set(temporary_leftovers()) - before)
     assert not left, f"the engines on the emulated hosts left {len(left)} entries in /tmp, e.g. {left[:3]}"
+    started = sorted(set(daemons_here()) - daemons)
+    assert not started, f"daemons of the emulated hosts left running in this machine's network namespace: {started}"
+
+
+DAEMONS = {"sshd", "munged", "slurmd", "slurmctld", "slurmdbd"}
+
+
+def daemons_here() -> list[str]:
+    """The Slurm, munge and SSH daemons running in this process's network namespace (the emulated hosts' run in
+    their own), as "name (pid)"."""
+    here = os.readlink("/proc/self/ns/net")
+    found = []
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] in DAEMONS:
+            try:
+                if os.readlink(f"/proc/{proc.pid}/ns/net") == here:
+                    found.append(f"{proc.info['name']} ({proc.pid})")
+            except OSError:  # gone meanwhile
+                continue
+    return found
 
 
 def host_tmp_folders() -> list[str]:
@@ -138,7 +160,7 @@ def test_the_emulated_cluster_comes_up_and_leaves_nothing(tmp_path):
     finally:
         sim.down()
     print(f"emulated cluster up in {up_s:.1f} s")
-    assert not [p for p in pids if sim_state.alive(p)]
+    assert not [p for p in pids if _lifeline.runs(p)]
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert not [h for h in state.hosts if h.namespace in namespaces]
@@ -172,6 +194,7 @@ def job_of(engines: ipp.Cluster, task: str) -> str:
 KERNEL = """
 import socket, sys, ipyparallel as ipp
 sys.path.insert(0, {repo!r})
+from kit.core import _lifeline
 from kit.core.cluster import TFCluster
 on_slurm = TFCluster(workers=2, engines=ipp.Cluster(profile_dir={slurm!r}, log_level=40), start_timeout=120).start()
 over_ssh = TFCluster(workers=2, engines=ipp.Cluster(profile_dir={ssh!r}, log_level=40), start_timeout=120).start()

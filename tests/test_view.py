@@ -194,3 +194,23 @@ def test_lag_is_the_time_from_a_task_s_last_report_to_its_result(monkeypatch):
     live.follow(_Result({"status": "ok", "data": {}}, {"status": "ok", "data": {}}), ["worker:0", "worker:1"])
     assert live.lags() == {"worker:0": pytest.approx(0.5), "worker:1": pytest.approx(18.0)}
     assert view.TaskRow("worker:0", state="done", finished=5.0).lag() is None  # no report: unknown
+
+
+@pytest.mark.slow
+def test_progress_measures_the_speed_of_a_fit_that_does_not_know_its_steps():
+    """A dataset of unknown size (Keras 3 on JAX distributing a tf.data.Dataset itself, notebook 12's exercise 3):
+    fit's ``params["steps"]`` is None, so the speed comes from the steps each epoch ran."""
+    import numpy as np
+
+    from kit.train import models
+    from kit.train._tf import import_tensorflow
+
+    tf = import_tensorflow()
+    images = np.random.default_rng(0).random((12, 28, 28), dtype=np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((images, np.arange(12) % 10)).filter(lambda x, y: True).batch(4)
+    assert dataset.cardinality() == tf.data.UNKNOWN_CARDINALITY
+    meter = progress.callback(batch_size=4, summed_over=1)
+    models.build_and_compile_cnn_model().fit(dataset, epochs=3, verbose=0, callbacks=[meter])
+    summary = meter.summary()
+    assert meter.epoch_steps == [3, 3, 3]
+    assert summary["examples_per_second"] == pytest.approx(4 * 6 / sum(summary["epoch_seconds"][1:]))

@@ -193,3 +193,18 @@ def test_a_helper_that_is_not_ready_is_said_why_and_reaped(code, timeout, expect
     finally:
         process.kill()
         process.wait(timeout=10)
+
+
+def test_reap_waits_out_the_grace_then_kills_and_collects_and_names_what_it_killed():
+    """The one kill-and-reap of the kit: a process that exits within the grace is not killed; one that does not is
+    SIGKILLed, and a child of ours is collected (no zombie left); a pid that is not there is no error."""
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                                 "signal.SIG_IGN); time.sleep(60)"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    killed, left = _lifeline.reap([polite.pid, stubborn.pid, gone.pid], grace=5, seconds=10)
+    assert killed == [stubborn.pid] and left == []
+    for process in (polite, stubborn):
+        assert not psutil.pid_exists(process.pid), f"{process.pid} is still in the process table (a zombie?)"
+        process.wait(timeout=1)  # collected already: Popen takes the missing child as ended

@@ -51,7 +51,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -67,6 +66,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from kit.core import _lifeline, limits  # noqa: E402  (the repository's own kit, also when not installed)
+from kit.core.tfconfig import free_port  # noqa: E402
 
 GiB = 2**30
 #: mybinder.org's memory per session: "up to 2 GB", read as 2 GiB (2 GB would be 1,907 MiB).
@@ -580,7 +580,7 @@ class JupyterServer:
             self.folder = Path(tempfile.mkdtemp(prefix="kit-binder-server-"))
             for name in ("root", "runtime", "config"):
                 (self.folder / name).mkdir()
-            self.port = _free_port()
+            self.port = free_port("127.0.0.1")  # the server is told not to try another: port_retries=0
             env = {**os.environ, "JUPYTER_TOKEN": self.token, "JUPYTER_RUNTIME_DIR": str(self.folder / "runtime"),
                    "JUPYTER_CONFIG_DIR": str(self.folder / "config")}
             self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -658,13 +658,6 @@ class JupyterServer:
                 "command": self.command() if self.process else None, "pid": self.process.pid if self.process else None,
                 **self.facts, "peak_rss_bytes": peak.get("rss"), "peak_anon_bytes": peak.get("anon"),
                 "log": str(self.keep_log) if self.keep_log else None}
-
-
-def _free_port() -> int:
-    """A TCP port of 127.0.0.1 free now (the server is told not to try another: port_retries=0)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _kind(cmdline: list[str]) -> str | None:

@@ -31,12 +31,13 @@ import argparse
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from kit.core.tfconfig import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = "LATE_RETURN "
@@ -114,18 +115,6 @@ def worker(args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------------------------------- the driver
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free on 127.0.0.1 now (bound to port 0, then released)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def busy_cpu_seconds() -> float:
     """CPU seconds the whole machine has spent busy since boot (``/proc/stat``, all but idle and iowait)."""
     fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -142,7 +131,7 @@ def run_once(args: argparse.Namespace, fix: str, load: str) -> dict:
     """Two workers (and a busy loop when ``load == "on"``): their reports and the machine's other load."""
     if args.kit:
         return run_on_kit(args, fix, load)
-    ports = free_ports(2)
+    ports = free_ports(2, "127.0.0.1")
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
     env.pop("KIT_TFDATA_AUTOTUNE", None)

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Iterable
 
 import psutil
 
@@ -73,13 +74,40 @@ def is_alive(pid: int, started: float) -> bool:
         return False
 
 
-def runs(process: psutil.Process) -> bool:
-    """Whether ``process`` (a psutil.Process made while it ran) still runs: psutil's ``is_running`` tells a
-    recycled pid by the start time since boot, not by ``create_time``; a zombie is dead here, not there."""
+def runs(process: psutil.Process | int | None) -> bool:
+    """Whether ``process`` (a psutil.Process made while it ran, or a pid) still runs: psutil's ``is_running``
+    tells a recycled pid by the start time since boot, which no step of the wall clock moves (``create_time``
+    does: docs/performance.md, change 29); a zombie is dead here (killed daemons stay zombies for ~2 s)."""
     try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        process = psutil.Process(process) if isinstance(process, int) else process
+        return process is not None and process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def reap(pids: Iterable[int], grace: float = 0.0, seconds: float = 10.0) -> tuple[list[int], list[int]]:
+    """End the processes ``pids`` (children or not), the one way the kit does: give each up to ``grace`` seconds
+    to exit, SIGKILL those still running, and wait up to ``seconds`` for them to end (:func:`wait_ended`: a zombie
+    has ended); a child of this process is then collected, so that none stays a zombie. Returns the pids it killed
+    and the pids still running after ``seconds`` (for the caller to name)."""
+    import signal
+
+    pids = sorted(set(pids))
+    deadline = time.monotonic() + grace
+    killed = [pid for pid in pids if not wait_ended(pid, max(0.0, deadline - time.monotonic()))]
+    for pid in killed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue  # ended since the wait
+    deadline = time.monotonic() + seconds
+    left = [pid for pid in killed if not wait_ended(pid, max(0.0, deadline - time.monotonic()))]
+    for pid in set(pids) - set(left):
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue  # not a child of this process (or already collected): its parent collects it
+    return killed, left
 
 
 def wait_ended(pid: int, seconds: float) -> bool:

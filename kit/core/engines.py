@@ -372,21 +372,12 @@ def wait_for_one_more_engine(client: ipp.Client, timeout: float = 0.5) -> None:
 
 
 def reap(pids: list[int], timeout: float = 10.0) -> None:
-    """Wait for ``pids`` to exit; SIGKILL those still alive after ``timeout`` seconds."""
-    procs = []
-    for pid in set(pids):
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue  # already gone
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    for proc in alive:
-        log.warning("process %s did not stop in %ss; killing it", proc.pid, timeout)
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            continue  # exited just now
-    psutil.wait_procs(alive, timeout=timeout)
+    """Wait for ``pids`` to exit; SIGKILL those still alive after ``timeout`` seconds (:func:`_lifeline.reap`)."""
+    killed, left = _lifeline.reap(pids, grace=timeout, seconds=timeout)
+    for pid in killed:
+        log.warning("process %s did not stop in %ss; killed it", pid, timeout)
+    if left:
+        log.warning("processes %s still running %ss after SIGKILL", left, timeout)
 
 
 def engine_report(client: ipp.Client, engine_id: int) -> dict[str, Any]:

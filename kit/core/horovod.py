@@ -22,7 +22,7 @@ import sys
 import threading
 from typing import Any
 
-from . import nojax
+from . import _lifeline, nojax
 from .cluster import TFCluster
 from .errors import ClusterError, OptionError
 
@@ -250,15 +250,10 @@ def run_horovodrun(args: list[str], time_limit: float = 120.0) -> dict[str, Any]
         raise RuntimeError(f"horovodrun did not finish within {time_limit:g}s (time_limit=); it was killed. "
                            f"Its last output:\n{output[-3000:]}") from None
     finally:
-        children = [c for c in psutil.Process().children(recursive=True) if c.pid not in before]
-        _, alive = psutil.wait_procs(children, timeout=10)
-        for child in alive:
-            try:
-                child.kill()
-            except psutil.NoSuchProcess:
-                continue  # exited just now
+        children = [c.pid for c in psutil.Process().children(recursive=True) if c.pid not in before]
+        killed, _ = _lifeline.reap(children, grace=10)
     return {"returncode": proc.returncode, "output": output[-20000:], "seconds": time.monotonic() - started,
-            "children_left": [child.pid for child in alive]}
+            "children_left": killed}
 
 
 def listening_addresses(port: int) -> list[str]:

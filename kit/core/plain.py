@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from typing import Any
 
 from . import _lifeline, _netns, _remote, nojax
@@ -61,26 +60,6 @@ class PlainProcesses:
 
 
 # ----- plain processes from a lesson's cell: kit.launch ---------------------------------------------
-def free_ports(count: int) -> list[int]:
-    """``count`` different TCP ports that are free here now (run it where the processes will listen: on an
-    engine, for ports in the cluster's private network)."""
-    import socket
-
-    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(count)]
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _wait_gone(pids: list[int], seconds: float) -> None:
-    """Wait until each process of ``pids`` has ended (:func:`kit.core._lifeline.wait_ended`), at most ``seconds``."""
-    deadline = time.monotonic() + seconds
-    left = [pid for pid in pids if not _lifeline.wait_ended(pid, max(0.0, deadline - time.monotonic()))]
-    if left:
-        raise TimeoutError(f"processes {left} still alive {seconds:g} s after their group was killed")
-
-
 def launch(commands: list[str], workdir: str, wait_seconds: float, ready: str = "",
            env: dict[str, str] | None = None, hold_port: int | None = None,
            start_seconds: float = 180) -> list[dict[str, Any]]:
@@ -164,7 +143,9 @@ def launch(commands: list[str], workdir: str, wait_seconds: float, ready: str = 
                     pass  # exited since the poll: its group is killed below all the same
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
-        _wait_gone(members, 30)
+        _, left = _lifeline.reap(members, seconds=30)
+        if left:
+            raise TimeoutError(f"processes {left} still alive 30 s after their group was killed")
         for out in outputs:
             out.close()
         if holder:

@@ -238,14 +238,25 @@ def cluster_tasks(cluster: Mapping[str, Iterable[str]]) -> list[str]:
     return [task_name(t, i) for t in TASK_TYPES for i, _ in enumerate(cluster.get(t, []))]
 
 
-def free_port(host: str = "") -> int:
-    """A TCP port that is free on this machine right now (bound on ``host``, all interfaces by default).
+def free_ports(count: int, host: str = "") -> list[int]:
+    """``count`` different TCP ports free on this machine right now: bound at once on ``host`` (all interfaces by
+    default), then released. Run it where the processes will listen (on an engine, for its private network).
 
-    Free *now*: another process may take it later, so check again just before use.
+    Free *now*: another process may take one later, so check again just before use.
     """
-    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    sockets = [socket.socket(_family(host), socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def free_port(host: str = "") -> int:
+    """One TCP port free on this machine right now (:func:`free_ports`)."""
+    return free_ports(1, host)[0]
 
 
 def port_is_free(port: int, host: str = "") -> bool:

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import GridError, KitError
+from ..core.errors import KitError
 
 
 def tagged_cells(notebook: str | os.PathLike, tag: str) -> list[dict[str, Any]]:
@@ -54,26 +54,3 @@ def run_tagged(notebook: str | os.PathLike, tag: str, namespace: dict[str, Any] 
         linecache.cache[name] = (len(cell["source"]), None, lines, name)   # as IPython keeps a cell's source
         exec(compile(cell["source"], name, "exec"), namespace)
     return namespace
-
-
-# ----- a notebook's exercises ---------------------------------------------------------------------
-#: Where a notebook lists its exercises that change only parameters: ``metadata["kit"]["exercises"]``, a list
-#: of ``{"exercise": <its number under "## Exercises">, "parameters": {NAME: value, ...}}``.
-EXERCISES_KEY = "exercises"
-
-
-def parameter_exercises(notebook: str | os.PathLike) -> list[dict[str, Any]]:
-    """The exercises of ``notebook`` that change only parameters, as its metadata lists them.
-
-    Each is ``{"exercise": n, "parameters": {...}}``; ``make exercises`` runs every one with papermill
-    (:func:`sweep`), so a learner who does it in a fresh notebook meets no error the text did not announce.
-    """
-    path = Path(notebook)
-    listed = json.loads(path.read_text()).get("metadata", {}).get("kit", {}).get(EXERCISES_KEY, [])
-    for entry in listed:
-        if not isinstance(entry, dict) or not isinstance(entry.get("exercise"), int) \
-                or not isinstance(entry.get("parameters"), dict) or not entry["parameters"]:
-            raise GridError(None, f"{path.name}: metadata.kit.{EXERCISES_KEY} entry {entry!r} is not an exercise",
-                            'write it as {"exercise": <its number>, "parameters": {"NAME": value, ...}}, '
-                            "with at least one parameter")
-    return listed

@@ -71,7 +71,7 @@ def plain_launch(workers: int = 2, **kwargs: Any) -> list[dict[str, float]]:
     from ..core.options import ClusterOptions
     from ..core.plain import PlainProcesses
 
-    ports = [tfconfig.free_port() for _ in range(workers)]  # free here; the new namespace has none in use
+    ports = tfconfig.free_ports(workers)  # free here; the new namespace has none in use
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     options = ClusterOptions(workers=workers)  # the environment the kit gives its tasks (threads, Keras, arenas)
     # each worker's stderr (TensorFlow's C++ start-up lines: oneDNN, cuInit) goes to its log, not the bench's output

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import psutil
 
+from ..core import tfconfig
 from .sim_config import SLURM_CONF, SSH_CLIENT, SSHD_CONFIG
 from .sim_state import (DAEMON_TIMEOUT_S, NETNS_ETC, PREFIX, STOP_TIMEOUT_S, Host, SimClusterError, State,
                         namespace_pids, run_command, teardown, wait_for)
@@ -83,12 +84,6 @@ def install_profile(kind: str, controller: str, folder: str | os.PathLike) -> Pa
     target.mkdir(parents=True)
     (target / "ipcluster_config.py").write_text(source.read_text().replace(line, f'controller_location = "{controller}"'))
     return target
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return s.getsockname()[1]
 
 
 def _subnet() -> str:
@@ -279,7 +274,7 @@ class SimCluster:
         (folder / "state").mkdir()
         for host in state.hosts:
             (folder / f"spool-{host.name}").mkdir()
-        state.slurmctld_port = _free_port()
+        state.slurmctld_port = tfconfig.free_port()
         state.save()
         this_host = socket.gethostname().split(".")[0]
         nodes = "".join(f"NodeName={h.name} NodeAddr={h.address} CPUs={self.cpus} State=UNKNOWN\n"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 
+from ..core._lifeline import runs
 from .sim_state import SimClusterError, State, teardown
 
 #: How often the watcher looks at its owner (a process cannot wait for one that is not its child).
@@ -41,16 +42,6 @@ def tie(root: str | os.PathLike, owner: int | None = None) -> subprocess.Popen:
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
 
 
-def alive(process: psutil.Process | None) -> bool:
-    """Whether ``process`` still runs: psutil's ``is_running`` tells a recycled pid by its start in ticks since
-    boot, which no step of the wall clock moves (``create_time`` does: docs/performance.md, change 29); a zombie
-    is not it."""
-    try:
-        return process is not None and process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def watch(owner: str, started: str, root: str | os.PathLike) -> int:
     """The watcher's loop (``python -m kit.tools.sim_lifeline PID CREATE_TIME ROOT``): 0 when the cluster is
     gone, by its owner's ``down()`` or by this watcher's teardown after the owner exited."""
@@ -62,7 +53,7 @@ def watch(owner: str, started: str, root: str | os.PathLike) -> int:
         process = None
     state = Path(root) / "state.json"
     while state.is_file():
-        if not alive(process):
+        if not runs(process):
             try:
                 teardown(State.load(root))
             except SimClusterError:

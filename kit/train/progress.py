@@ -207,6 +207,8 @@ def callback(batch_size: int | None = None, summed_over: int | None = None,
             self.step_loss: list[float] = []
             self.logged_loss: list[float] = []  # logs["loss"] as tf-keras logged it, not divided
             self.epoch_seconds: list[float] = []
+            self.epoch_steps: list[int] = []  # steps run in each epoch: fit may not know them (a dataset
+            self._steps = 0                   # of unknown size, e.g. one Keras 3 distributes itself)
 
         def on_train_begin(self, logs: dict | None = None) -> None:
             if summed_over is None:
@@ -216,6 +218,7 @@ def callback(batch_size: int | None = None, summed_over: int | None = None,
         def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
             self._epoch = epoch + 1
             self._epoch_start = time.perf_counter()
+            self._steps = 0
             self.meter.epoch_begin()
 
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
@@ -225,11 +228,13 @@ def callback(batch_size: int | None = None, summed_over: int | None = None,
             loss = None if loss is None else float(loss) / self._summed
             if loss is not None:
                 self.step_loss.append(loss)
+            self._steps = batch + 1
             self.meter.step(self._epoch, batch + 1, loss)
 
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
             self.epoch_seconds.append(time.perf_counter() - self._epoch_start)
-            self.meter.epoch_end(epoch + 1, self.params.get("steps") or 0,
+            self.epoch_steps.append(self._steps)
+            self.meter.epoch_end(epoch + 1, self._steps,
                                  float(logs["loss"]) if logs and "loss" in logs else None)
 
         def on_train_end(self, logs: dict | None = None) -> None:
@@ -240,9 +245,9 @@ def callback(batch_size: int | None = None, summed_over: int | None = None,
         def summary(self) -> dict[str, Any]:
             """``step_loss``, ``epoch_seconds`` and ``examples_per_second`` over the epochs after the
             first (which includes tracing; the first alone when there is one)."""
-            timed = self.epoch_seconds[1:] or self.epoch_seconds
-            steps = self.params.get("steps") or 0
-            rate = (batch_size or 0) * steps * len(timed) / sum(timed) if sum(timed) > 0 else None
+            timed = slice(1, None) if len(self.epoch_seconds) > 1 else slice(None)
+            seconds, steps = sum(self.epoch_seconds[timed]), sum(self.epoch_steps[timed])
+            rate = (batch_size or 0) * steps / seconds if seconds > 0 else None
             return {"step_loss": list(self.step_loss), "epoch_seconds": list(self.epoch_seconds),
                     "examples_per_second": rate}
 
