@@ -785,3 +785,57 @@ def test_an_ended_engines_last_words_are_shown_after_ipyparallel_removed_its_log
     engines = LocalEngines(ClusterOptions(workers=2))
     monkeypatch.setattr(engines, "_launcher", lambda name: launcher)
     assert engines.log_tail("worker:1").endswith("---\nstarting\nengine refuses to start"), engines.log_tail("worker:1")
+
+
+
+@pytest.mark.slow
+def test_a_backend_configures_the_ready_tasks_at_every_start_describes_them_and_hears_of_a_failed_run(make_cluster):
+    """A framework other than TensorFlow is a Backend (kit.core.backend): here one that gives each task a variable,
+    as Horovod's gives its ranks theirs."""
+    from kit.core.backend import Backend
+
+    def set_rank(rank):
+        import os
+        os.environ["MY_RANK"] = str(rank)
+
+    def rank_here():
+        import os
+        return os.environ["MY_RANK"]
+
+    def fail():
+        raise RuntimeError("on purpose")
+
+    class Ranks(Backend):
+        no_tf_config = ("these tasks have ranks, not a TF_CONFIG", "see cluster.backend.env")
+
+        def __init__(self):
+            self.env, self.configured, self.failed_runs = {}, 0, 0
+
+        def configure(self, group, options, log):
+            self.configured += 1
+            for rank, name in enumerate(group.names):
+                group.engine(name).apply_sync(set_rank, rank)
+                self.env[name] = {"MY_RANK": str(rank)}
+
+        def rows(self, tasks):
+            return [{"task": t.name, "rank": int(self.env[t.name]["MY_RANK"])} for t in tasks]
+
+        def after_failed_run(self, cluster):
+            self.failed_runs += 1
+
+        def reset(self):
+            self.env = {}
+
+    ranks = Ranks()
+    cluster = make_cluster(workers=2, backend=ranks)
+    assert cluster.with_options(stream=False).run(rank_here) == ["0", "1"]
+    assert cluster.describe()["rank"].tolist() == [0, 1]
+    with pytest.raises(ClusterError, match="these tasks have ranks, not a TF_CONFIG"):
+        cluster.tf_configs
+    with pytest.raises(WorkerError):
+        cluster.with_options(stream=False).run(fail)
+    assert ranks.failed_runs == 1
+    cluster.restart()
+    assert ranks.configured == 2 and cluster.with_options(stream=False).run(rank_here) == ["0", "1"]
+    cluster.stop()
+    assert ranks.env == {}

@@ -31,6 +31,7 @@ from typing import Any, Callable
 import psutil
 
 from . import _lifeline, limits, roles, tfconfig, view as views
+from .backend import Backend
 from .attach import ForeignEngines
 from .engines import Engines, LocalEngines
 from .errors import ClusterError, ExposedPortsWarning, MemoryLimitWarning
@@ -93,12 +94,14 @@ class TFCluster:
     """A TensorFlow cluster of ipyparallel engines, one engine per TF task.
 
     ``TFCluster(workers=2)`` for MultiWorkerMirroredStrategy; ``TFCluster(chief=True, workers=2,
-    ps=1)`` for ParameterServerStrategy. See :class:`ClusterOptions` for every option.
+    ps=1)`` for ParameterServerStrategy. See :class:`ClusterOptions` for every option. ``backend``: what the
+    ready tasks get besides TF_CONFIG (:mod:`kit.core.backend`; HorovodCluster and JaxCluster pass theirs).
     """
 
-    def __init__(self, workers: int = 2, **options: Any):
+    def __init__(self, workers: int = 2, *, backend: Backend | None = None, **options: Any):
         check_names(ClusterOptions, options, "a TFCluster option")
         self.options = ClusterOptions(workers=workers, **options)
+        self.backend = backend or Backend()
         self.log = logging.getLogger("kit.core.cluster")
         self.state = State()
         self._engines: Engines | None = None
@@ -143,6 +146,8 @@ class TFCluster:
     @property
     def tf_configs(self) -> dict[str, dict]:
         """The TF_CONFIG of each task, by task name."""
+        if self.backend.no_tf_config is not None:
+            raise ClusterError(self.backend.no_tf_config[0], fix=self.backend.no_tf_config[1])
         group = self.task_group(ready=False)
         return {name: group.records[name].tf_config for name in group.names}
 
@@ -160,7 +165,10 @@ class TFCluster:
         """The tasks as a pandas DataFrame (for a notebook)."""
         import pandas as pd
 
-        return pd.DataFrame([dataclasses.asdict(t) for t in self.tasks]).set_index("name")
+        rows = self.backend.rows(self.tasks)
+        if rows is None:
+            return pd.DataFrame([dataclasses.asdict(t) for t in self.tasks]).set_index("name")
+        return pd.DataFrame(rows).set_index("task")
 
     def start(self) -> "TFCluster":
         """Start (or find) one engine per task; return when every task has its role, checked."""
@@ -213,6 +221,7 @@ class TFCluster:
         _live_clusters.discard(self)
         self.state = State(Phase.STOPPED)
         self._group = None
+        self.backend.reset()
         engines, self._engines = self._engines, None
         if engines is not None:
             engines.close()
@@ -302,11 +311,7 @@ class TFCluster:
                                     configs[name], client[reports[name]["engine_id"]]) for name in self.task_names}
         self._group = TaskGroup(records, engines, self._memory, self._mark_stale)
         self.state = State(Phase.READY)
-        self._configure_tasks()
-
-    def _configure_tasks(self) -> None:
-        """What a kind of cluster gives its ready tasks at every start and restart (HorovodCluster: its ranks,
-        JaxCluster: its processes' variables); a failure stops a start and leaves a restart's cluster stale."""
+        self.backend.configure(self._group, self.options, self.log)
 
     # ----- state ------------------------------------------------------------------------------
     def _require_started(self) -> None:

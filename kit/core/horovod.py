@@ -23,6 +23,7 @@ import threading
 from typing import Any
 
 from . import _lifeline, nojax
+from .backend import Backend
 from .cluster import TFCluster
 from .errors import ClusterError, OptionError
 
@@ -55,74 +56,30 @@ class Rank:
     pid: int
 
 
-class HorovodCluster(TFCluster):
-    """Horovod ranks on ipyparallel engines: ``HorovodCluster(workers=2)`` gives ranks 0 and 1.
+class Horovod(Backend):
+    """Horovod's ranks (:mod:`kit.core.backend`): at every start and restart, the rendezvous server in rank 0's
+    engine and each rank's ``HOROVOD_*`` variables, instead of horovodrun's."""
 
-    Options are TFCluster's (:class:`kit.ClusterOptions`), less those that make no sense for
-    Horovod (``chief``, ``ps``, ``evaluator``, ``keras="keras3"``). ``cluster.ranks`` lists the
-    ranks, ``cluster.horovod_env`` each engine's Horovod variables and ``cluster.rendezvous`` the
-    server's address. A function run on the cluster calls ``hvd.init()`` itself, as under horovodrun.
-    """
+    no_tf_config = ("a HorovodCluster's engines have no TF_CONFIG: Horovod ranks find each other through the "
+                    "rendezvous server", "see cluster.horovod_env and cluster.ranks")
 
-    def __init__(self, workers: int = 2, **options: Any):
-        for name in ("chief", "evaluator"):
-            if options.get(name):
-                raise OptionError(name, "a HorovodCluster has only ranks, all alike (rank 0 does the "
-                                        "chief's saving by convention)",
-                                  f"leave {name} out and ask for workers=N, which gives ranks 0..N-1")
-        if options.get("ps"):
-            raise OptionError("ps", "Horovod has no parameter servers: its ranks all-reduce gradients",
-                              "leave ps out; for parameter servers use kit.TFCluster(chief=True, ps=1)")
-        if options.get("keras", "tf-keras") == "keras3":
-            raise OptionError("keras", f"keras='keras3' cannot be used: {KERAS3_REFUSED}",
-                              "leave keras at 'tf-keras' (the default), which sets TF_USE_LEGACY_KERAS=1")
-        super().__init__(workers, **options)
+    def __init__(self) -> None:
         self.rendezvous: tuple[str, int] | None = None  #: (address, port) of the rendezvous server
-        self._horovod_env: dict[str, dict[str, str]] = {}
+        self.env: dict[str, dict[str, str]] = {}       #: each rank's Horovod variables, by task name
 
-    # ----- public API -------------------------------------------------------------------------
-    @property
-    def ranks(self) -> list[Rank]:
-        """Each rank: its task, rank, size, local and cross ranks, host and pid."""
-        self._require_started()
-        ranks = []
-        for task in self.tasks:
-            env = self._horovod_env[task.name]
-            ranks.append(Rank(task=task.name, host=env["HOROVOD_HOSTNAME"], pid=task.pid,
-                              **{f: int(env[f"HOROVOD_{f.upper()}"]) for f in
-                                 ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")}))
-        return ranks
+    def reset(self) -> None:
+        self.rendezvous, self.env = None, {}
 
-    @property
-    def horovod_env(self) -> dict[str, dict[str, str]]:
-        """The Horovod variables each engine was given, by task name."""
-        self._require_started()
-        return {name: dict(self._horovod_env[name]) for name in self.task_names}
+    def ranks(self, tasks: list) -> list[Rank]:
+        """Each rank of ``tasks``: its task, rank, size, local and cross ranks, host and pid."""
+        return [Rank(task=task.name, host=self.env[task.name]["HOROVOD_HOSTNAME"], pid=task.pid,
+                     **{f: int(self.env[task.name][f"HOROVOD_{f.upper()}"]) for f in
+                        ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")}) for task in tasks]
 
-    @property
-    def tf_configs(self) -> dict[str, dict]:
-        raise ClusterError("a HorovodCluster's engines have no TF_CONFIG: Horovod ranks find each other "
-                           "through the rendezvous server", fix="see cluster.horovod_env and cluster.ranks")
+    def rows(self, tasks: list) -> list[dict[str, Any]]:
+        return [dataclasses.asdict(r) for r in self.ranks(tasks)]
 
-    def describe(self):
-        """The ranks as a pandas DataFrame (for a notebook)."""
-        import pandas as pd
-
-        return pd.DataFrame([dataclasses.asdict(r) for r in self.ranks]).set_index("task")
-
-    def stop(self) -> None:
-        """Stop every engine (the rendezvous server ends with rank 0's) and the controller."""
-        self.rendezvous = None
-        self._horovod_env = {}
-        super().stop()
-
-    def __repr__(self) -> str:
-        state = "running" if self.started else "stopped"
-        return f"<HorovodCluster {len(self.task_names)} ranks ({state})>"
-
-    # ----- set-up: at every start and restart, the rendezvous server on rank 0 and every rank's variables -----
-    def _configure_tasks(self) -> None:
-        group = self.task_group()
+    def configure(self, group: Any, options: Any, log: Any) -> None:
         tasks = [group.info(name) for name in group.names]
         engine = {t.name: group.engine(t.name) for t in tasks}
         for name, view in engine.items():
@@ -134,7 +91,7 @@ class HorovodCluster(TFCluster):
                                    f"{HOROVOD_VERSION}. {_BUILD_FIX}", [name])
         # with emulated links each task is a host of its own (its own namespace and address): Horovod's
         # local ranks share memory and a host name, which tasks behind separate links do not
-        hosts = [t.address.rpartition(":")[0] if self.options.link is not None else t.host for t in tasks]
+        hosts = [t.address.rpartition(":")[0] if options.link is not None else t.host for t in tasks]
         plan = slot_plan(hosts)
         rank0 = tasks[0]
         # the address the other ranks reach rank 0 at: the one TensorFlow would have used for it
@@ -153,8 +110,50 @@ class HorovodCluster(TFCluster):
                    ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")},
             }
             # the interface (Gloo's) is each engine's own: the one that holds the address it reaches rank 0 from
-            self._horovod_env[task.name] = engine[task.name].apply_sync(set_horovod_environment, env, bind)
-        self.log.info("Horovod rendezvous on %s:%s (rank 0's engine) for %d ranks", bind, port, len(tasks))
+            self.env[task.name] = engine[task.name].apply_sync(set_horovod_environment, env, bind)
+        log.info("Horovod rendezvous on %s:%s (rank 0's engine) for %d ranks", bind, port, len(tasks))
+
+
+class HorovodCluster(TFCluster):
+    """Horovod ranks on ipyparallel engines: ``HorovodCluster(workers=2)`` gives ranks 0 and 1.
+
+    A :class:`kit.TFCluster` with the :class:`Horovod` backend. Options are TFCluster's (:class:`kit.ClusterOptions`),
+    less those that make no sense for Horovod (``chief``, ``ps``, ``evaluator``, ``keras="keras3"``).
+    ``cluster.ranks`` lists the ranks, ``cluster.horovod_env`` each engine's Horovod variables and
+    ``cluster.rendezvous`` the server's address. A function run on the cluster calls ``hvd.init()`` itself, as
+    under horovodrun.
+    """
+
+    def __init__(self, workers: int = 2, **options: Any):
+        for name in ("chief", "evaluator"):
+            if options.get(name):
+                raise OptionError(name, "a HorovodCluster has only ranks, all alike (rank 0 does the "
+                                        "chief's saving by convention)",
+                                  f"leave {name} out and ask for workers=N, which gives ranks 0..N-1")
+        if options.get("ps"):
+            raise OptionError("ps", "Horovod has no parameter servers: its ranks all-reduce gradients",
+                              "leave ps out; for parameter servers use kit.TFCluster(chief=True, ps=1)")
+        if options.get("keras", "tf-keras") == "keras3":
+            raise OptionError("keras", f"keras='keras3' cannot be used: {KERAS3_REFUSED}",
+                              "leave keras at 'tf-keras' (the default), which sets TF_USE_LEGACY_KERAS=1")
+        self.horovod = Horovod()
+        super().__init__(workers, backend=self.horovod, **options)
+
+    @property
+    def ranks(self) -> list[Rank]:
+        """Each rank: its task, rank, size, local and cross ranks, host and pid."""
+        return self.horovod.ranks(self.tasks)
+
+    @property
+    def horovod_env(self) -> dict[str, dict[str, str]]:
+        """The Horovod variables each engine was given, by task name."""
+        self.task_group(ready=False)  # raises on a cluster not started
+        return {name: dict(env) for name, env in self.horovod.env.items()}
+
+    @property
+    def rendezvous(self) -> tuple[str, int] | None:
+        """(address, port) of the rendezvous server in rank 0's engine (None while stopped)."""
+        return self.horovod.rendezvous
 
 
 def slot_plan(hosts: list[str]) -> list[dict[str, Any]]:

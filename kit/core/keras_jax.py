@@ -31,9 +31,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import Any, Callable
+from typing import Any
 
 from . import tfconfig
+from .backend import Backend
 from .cluster import Phase, TFCluster
 from .errors import ClusterError, OptionError, TFConfigError
 
@@ -91,75 +92,27 @@ def check_job_environment(env: dict[str, str]) -> dict[str, Any]:
             "coordinator": addresses[0]}
 
 
-class JaxCluster(TFCluster):
-    """Keras 3 + JAX processes on ipyparallel engines: ``JaxCluster(workers=2)`` gives processes 0 and 1.
+class Jax(Backend):
+    """Keras 3 on JAX's processes (:mod:`kit.core.backend`): at every start and restart, each process's
+    ``keras.distribution`` job variables, checked; after a run that failed and left the cluster stale, every
+    process still alive is ended: a JAX process waiting in a collective for a peer that failed but lives on would
+    go on waiting."""
 
-    Options are TFCluster's (:class:`kit.ClusterOptions`), less those of TensorFlow's own tasks (``chief``,
-    ``ps``, ``evaluator``, ``keras``, ``preload``), and ``tensorflow`` (default False: the engines see no
-    TensorFlow, as where only Keras and JAX are installed). ``cluster.jax_env`` has each engine's variables. A function
-    run on the cluster calls ``keras.distribution.initialize()`` first, as in a script.
-    """
+    no_tf_config = ("a JaxCluster's engines have no TF_CONFIG: Keras finds the other processes through "
+                    f"{ADDRESSES}", "see cluster.jax_env")
 
-    def __init__(self, workers: int = 2, *, tensorflow: bool = False, **options: Any):
-        if not isinstance(tensorflow, bool):
-            raise OptionError("tensorflow", f"{tensorflow!r} is not True or False",
-                              "tensorflow=True lets your function import TensorFlow (for tf.data)")
-        self.tensorflow = tensorflow  #: whether the engines may import TensorFlow
-        for name in ("chief", "ps", "evaluator"):
-            if options.get(name):
-                raise OptionError(name, "a JaxCluster has only processes, all alike (process 0 coordinates)",
-                                  f"leave {name} out and ask for workers=N, which gives processes 0..N-1")
-        for name in ("keras", "preload"):
-            if name in options:
-                raise OptionError(name, "a JaxCluster's engines run Keras 3 on JAX and never import TensorFlow "
-                                        "before your function does", f"leave {name} out")
-        super().__init__(workers, **{**options, "keras": "keras3", "preload": False})
-        self._jax_env: dict[str, dict[str, str]] = {}
+    def __init__(self, tensorflow: bool) -> None:
+        self.tensorflow = tensorflow
+        self.env: dict[str, dict[str, str]] = {}  #: each process's variables, by task name
 
-    @property
-    def jax_env(self) -> dict[str, dict[str, str]]:
-        """The variables each engine was given, by task name."""
-        self._require_started()
-        return {name: dict(self._jax_env[name]) for name in self.task_names}
+    def reset(self) -> None:
+        self.env = {}
 
-    @property
-    def tf_configs(self) -> dict[str, dict]:
-        raise ClusterError("a JaxCluster's engines have no TF_CONFIG: Keras finds the other processes through "
-                           f"{ADDRESSES}", fix="see cluster.jax_env")
+    def rows(self, tasks: list) -> list[dict[str, Any]]:
+        return [{"task": t.name, "process_id": int(self.env[t.name][PROCESS_ID]), "address": t.address, "pid": t.pid}
+                for t in tasks]
 
-    def describe(self):
-        """Each process: its task, id, address, pid (a pandas DataFrame, for a notebook)."""
-        import pandas as pd
-
-        rows = [{"task": t.name, "process_id": int(self._jax_env[t.name][PROCESS_ID]), "address": t.address,
-                 "pid": t.pid} for t in self.tasks]
-        return pd.DataFrame(rows).set_index("task")
-
-    def stop(self) -> None:
-        self._jax_env = {}
-        super().stop()
-
-    def run(self, fn: Callable, *args: Any, **kwargs: Any) -> list:
-        """As :meth:`TFCluster.run`; a run that left processes waiting in a collective ends them all."""
-        return self.with_options().run(fn, *args, **kwargs)
-
-    def with_options(self, **options: Any) -> "EndsWaiting":
-        """As :meth:`TFCluster.with_options`, with the same end for processes left waiting as :meth:`run`."""
-        return EndsWaiting(self, super().with_options(**options))
-
-    def end_waiting(self) -> None:
-        """After a failed run that left the cluster stale (a task lost, or still running after another failed),
-        SIGKILL every engine still alive."""
-        if self.state.phase is not Phase.STALE:
-            return
-        group = self.task_group(ready=False)
-        dead = group.dead(group.names)
-        for name in group.names:
-            if name not in dead:
-                self.kill(name, signal.SIGKILL)
-
-    def _configure_tasks(self) -> None:  # at every start and restart: each process's variables, checked
-        group = self.task_group()
+    def configure(self, group: Any, options: Any, log: Any) -> None:
         tasks = [group.info(name) for name in group.names]
         from packaging.version import Version
 
@@ -172,32 +125,55 @@ class JaxCluster(TFCluster):
             raise ClusterError(f"the processes run different JAX releases ({found}): one program over several "
                                f"processes needs the same on each. Fix: {_INSTALL}", sorted(found))
         addresses = [t.address for t in tasks]  # the ports the kit opened and checked, process 0's first
-        self._jax_env = {t.name: group.engine(t.name).apply_sync(
-            set_jax_environment, job_environment(addresses, i), self.tensorflow)
-                         for i, t in enumerate(tasks)}
-        self.log.info("JAX coordinator at %s for %d processes", addresses[0], len(tasks))
+        self.env = {t.name: group.engine(t.name).apply_sync(
+            set_jax_environment, job_environment(addresses, i), self.tensorflow) for i, t in enumerate(tasks)}
+        log.info("JAX coordinator at %s for %d processes", addresses[0], len(tasks))
+
+    def after_failed_run(self, cluster: Any) -> None:
+        if cluster.state.phase is not Phase.STALE:
+            return
+        group = cluster.task_group(ready=False)
+        dead = group.dead(group.names)
+        for name in group.names:
+            if name not in dead:
+                cluster.kill(name, signal.SIGKILL)
 
 
-class EndsWaiting:
-    """A run of a :class:`JaxCluster` (:class:`kit.core.runs.Run`'s ``run`` and ``with_options``): when it fails and
-    leaves the cluster stale, every engine still alive is ended: a JAX process waiting in a collective for a peer
-    that failed but lives on would go on waiting."""
+class JaxCluster(TFCluster):
+    """Keras 3 + JAX processes on ipyparallel engines: ``JaxCluster(workers=2)`` gives processes 0 and 1.
 
-    def __init__(self, cluster: JaxCluster, run: Any):
-        self.cluster, self.inner = cluster, run
+    A :class:`kit.TFCluster` with the :class:`Jax` backend. Options are TFCluster's (:class:`kit.ClusterOptions`),
+    less those of TensorFlow's own tasks (``chief``, ``ps``, ``evaluator``, ``keras``, ``preload``), and
+    ``tensorflow`` (default False: the engines see no TensorFlow, as where only Keras and JAX are installed).
+    ``cluster.jax_env`` has each engine's variables. A function run on the cluster calls
+    ``keras.distribution.initialize()`` first, as in a script.
+    """
 
-    def run(self, fn: Callable, *args: Any, **kwargs: Any) -> list:
-        try:
-            return self.inner.run(fn, *args, **kwargs)
-        except BaseException:
-            self.cluster.end_waiting()
-            raise
+    def __init__(self, workers: int = 2, *, tensorflow: bool = False, **options: Any):
+        if not isinstance(tensorflow, bool):
+            raise OptionError("tensorflow", f"{tensorflow!r} is not True or False",
+                              "tensorflow=True lets your function import TensorFlow (for tf.data)")
+        for name in ("chief", "ps", "evaluator"):
+            if options.get(name):
+                raise OptionError(name, "a JaxCluster has only processes, all alike (process 0 coordinates)",
+                                  f"leave {name} out and ask for workers=N, which gives processes 0..N-1")
+        for name in ("keras", "preload"):
+            if name in options:
+                raise OptionError(name, "a JaxCluster's engines run Keras 3 on JAX and never import TensorFlow "
+                                        "before your function does", f"leave {name} out")
+        self.jax = Jax(tensorflow)
+        super().__init__(workers, backend=self.jax, **{**options, "keras": "keras3", "preload": False})
 
-    def with_options(self, **options: Any) -> "EndsWaiting":
-        return EndsWaiting(self.cluster, self.inner.with_options(**options))
+    @property
+    def tensorflow(self) -> bool:
+        """Whether the engines may import TensorFlow."""
+        return self.jax.tensorflow
 
-    def __repr__(self) -> str:
-        return repr(self.inner)
+    @property
+    def jax_env(self) -> dict[str, dict[str, str]]:
+        """The variables each engine was given, by task name."""
+        self.task_group(ready=False)  # raises on a cluster not started
+        return {name: dict(env) for name, env in self.jax.env.items()}
 
 
 # ----- run on the engines (by reference: the engines import this module) --------------------------

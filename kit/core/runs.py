@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from . import _remote, view as views
+from .backend import Backend
 from .errors import ClusterError, FailuresExhaustedError, WorkerError
 from .group import TaskGroup
 from .options import ClusterOptions, RunOptions, TaskInfo
@@ -62,6 +63,7 @@ class Cluster(Protocol):
     :meth:`task_group`, a fresh start or restart for supervision, and where the run's record goes."""
 
     options: ClusterOptions
+    backend: Backend                #: told of a run that raised (kit.core.backend)
     failures: list[Failure]         #: every failure a supervised run saw
     output: dict[str, str]          #: each task's whole output of the last run
     last_view: views.RunView | None  #: the live view of the last run
@@ -98,6 +100,13 @@ class Run:
         remote traceback. With ``max_failures=N`` (:class:`RunOptions`) a failure replaces every engine
         and calls ``fn`` again, up to N times; each failure is kept in ``cluster.failures``.
         """
+        try:
+            return self._run(fn, args, kwargs)
+        except BaseException:
+            self.cluster.backend.after_failed_run(self.cluster)
+            raise
+
+    def _run(self, fn: Callable, args: tuple, kwargs: dict) -> list:
         cluster, options = self.cluster, self.options
         name = getattr(fn, "__name__", str(fn))
         group = cluster.task_group(ready=False)  # a stale cluster's tasks still show; none after a failed restart
