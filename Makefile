@@ -9,7 +9,7 @@ PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])
 LOCK := locks/py$(PYVER).txt
 PYTHONS := 3.11 3.12 3.13
 
-.PHONY: demo test exercises unit quick notebooks binder lab bench faults compat horovod lock badges smoke clean chromium netns-tools cluster-tools learner-tools site site-check
+.PHONY: demo test exercises unit quick notebooks binder lab bench faults compat horovod lock badges clean chromium netns-tools cluster-tools learner-tools site site-check
 
 LAB_STAMP := $(VENV)/.installed-lab
 SITE_STAMP := $(VENV)/.installed-site

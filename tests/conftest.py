@@ -85,6 +85,14 @@ def describe(procs: list[psutil.Process]) -> list[str]:
     return out
 
 
+@pytest.fixture(scope="session")
+def kit_wheel(tmp_path_factory) -> Path:
+    """The kit's wheel, built once per test process from a copy of the checkout (tests/pythons.py)."""
+    import pythons
+
+    return pythons.build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
 @pytest.fixture(autouse=True)
 def _exposed_warnings_shown_afresh():
     """Each test sees the ExposedPortsWarning of its own clusters (a kernel shows it once per process)."""

@@ -6,6 +6,7 @@ constraints; its notebooks run through papermill with that venv's kernel; everyt
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -88,15 +89,20 @@ def no_process_left(venv: Path, seconds: float = 15) -> None:
         f"{p.pid}: {' '.join(p.info['cmdline'] or [])[:200]}" for p in alive)
 
 
-def papermill(python: Path, notebook: Path, out: Path, timeout: float, prefix: list[str] = (),
-              env: dict | None = None) -> dict:
-    """Run ``notebook`` through papermill with ``python``'s own kernel; the executed notebook."""
-    kernel = f"smoke-{python.parent.parent.name}"
-    run([str(python), "-m", "ipykernel", "install", "--prefix", str(python.parent.parent), "--name", kernel],
+@functools.cache
+def kernel(python: Path) -> str:
+    """The name of ``python``'s own Jupyter kernel, installed into its environment once."""
+    name = f"smoke-{python.parent.parent.name}"
+    run([str(python), "-m", "ipykernel", "install", "--prefix", str(python.parent.parent), "--name", name],
         120, "ipykernel install")
-    run([*prefix, str(python), "-m", "papermill", str(notebook), str(out), "-k", kernel, "--cwd", str(out.parent),
-         "--execution-timeout", str(int(timeout))], timeout + 60, f"papermill {notebook.name} with {python}",
-        env={**os.environ, "KIT_VIEW": "text", **(env or {})})
+    return name
+
+
+def papermill(python: Path, notebook: Path, out: Path, timeout: float, prefix: list[str] = ()) -> dict:
+    """Run ``notebook`` through papermill with ``python``'s own kernel; the executed notebook."""
+    run([*prefix, str(python), "-m", "papermill", str(notebook), str(out), "-k", kernel(python), "--cwd",
+         str(out.parent), "--execution-timeout", str(int(timeout))], timeout + 60,
+        f"papermill {notebook.name} with {python}", env={**os.environ, "KIT_VIEW": "text"})
     return json.loads(out.read_text())
 
 

@@ -72,13 +72,13 @@ def namespaces_refused() -> list[str]:
 
 
 @pytest.mark.slow
-def test_colab_emulated_the_first_cell_installs_the_kit_then_01_05_and_12_pass(tmp_path):
+def test_colab_emulated_the_first_cell_installs_the_kit_then_01_05_and_12_pass(tmp_path, request):
     import os
 
     if os.geteuid() != 0:
         reason = "the emulation runs as root, as Colab's container does. Fix: run it as root (CI does)"
         pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
-    wheel = pythons.build_wheel(tmp_path / "wheel")
+    wheel = request.getfixturevalue("kit_wheel")  # after the check above: no build for a test that skips
     python = pythons.make_venv(pythons.interpreter(COLAB["python"]), tmp_path / "colab")
     prefill = [f"{name}=={version}" if version else name for name, version in COLAB.items() if name != "python"]
     pythons.run([str(python), "-m", "pip", "install", "--quiet", *prefill], 900, "the emulated Colab runtime's install")

@@ -16,7 +16,6 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-import pythons
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]*-*.ipynb"))
@@ -248,8 +247,8 @@ print(json.dumps({
 
 
 @pytest.mark.slow  # builds and installs a wheel, runs a copied lesson: about 30 s, more when pip fetches setuptools
-def test_a_wheel_installed_elsewhere_finds_mnist_the_notebooks_and_its_commands(tmp_path):
-    wheel = pythons.build_wheel(tmp_path)  # from a copy of the checkout
+def test_a_wheel_installed_elsewhere_finds_mnist_the_notebooks_and_its_commands(tmp_path, kit_wheel):
+    wheel = kit_wheel  # from a copy of the checkout
     target, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
     elsewhere.mkdir()
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]

@@ -16,18 +16,13 @@ pytestmark = pytest.mark.slow
 OTHERS = ["3.12", "3.13"]
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> object:
-    return pythons.build_wheel(tmp_path_factory.mktemp("wheel"))
-
-
 @pytest.fixture(scope="module", params=OTHERS)
-def venv(request, wheel, tmp_path_factory):
+def venv(request, kit_wheel, tmp_path_factory):
     """A fresh venv of that Python with the kit from the wheel and the lock of that Python."""
     version = request.param
     python = pythons.make_venv(pythons.interpreter(version), tmp_path_factory.mktemp(f"py{version}") / "venv")
     pythons.run([str(python), "-m", "pip", "install", "--quiet", "-c", str(pythons.REPO / "locks" / f"py{version}.txt"),
-                 str(wheel)], 900, f"pip install of the kit's wheel on Python {version}")
+                 str(kit_wheel)], 900, f"pip install of the kit's wheel on Python {version}")
     yield python
     pythons.no_process_left(python.parent.parent)
 

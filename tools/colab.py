@@ -16,6 +16,7 @@ A fork that changes the Repository line and runs it points every link and instal
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 import tomllib
@@ -27,8 +28,9 @@ BRANCH = "main"
 INSTALL_ID = "install-the-kit"
 
 
+@functools.cache
 def repository() -> str:
-    """``OWNER/NAME`` of the repository on GitHub, from pyproject.toml."""
+    """``OWNER/NAME`` of the repository on GitHub, from pyproject.toml (read once)."""
     url = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
     match = re.fullmatch(r"https://github\.com/([^/]+/[^/]+?)/?", url)
     if not match:

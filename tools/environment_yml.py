@@ -8,7 +8,6 @@ at locks/ with `-r`: it lists the lock's pins itself (tests/test_packaging.py ch
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,13 +27,11 @@ dependencies:
 """
 
 
-def pins(lock: Path) -> list[str]:
-    """The ``name==version`` lines of a lock written by ``uv pip compile`` (its comments left out)."""
-    return [line for line in lock.read_text().splitlines() if re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*==\S+$", line)]
-
-
 def main() -> None:
-    text = HEADER + "".join(f"      - {pin}\n" for pin in pins(REPO / "locks" / f"py{PYTHON}.txt"))
+    from kit.tools.install import pins  # the kit's reader of a lock (make lock runs this with .venv's Python)
+
+    text = HEADER + "".join(f"      - {name}=={version}\n"
+                            for name, version in pins((REPO / "locks" / f"py{PYTHON}.txt").read_text()).items())
     for path in (REPO / "environment.yml", REPO / "binder" / "environment.yml"):
         path.write_text(text)
 

@@ -82,7 +82,7 @@ def title_and_summary(markdown: str, number: str = "") -> tuple[str, str]:
             continue
         if line.startswith(("#", "**What you will learn")):
             break
-        if colab.BADGE.match(line + "\n\n"):  # the notebook's links (tools/colab.py)
+        if line.startswith("[Open in Colab]("):  # the notebook's links (tools/colab.py)
             continue
         paragraph.append(line.strip())
     return title, " ".join(paragraph)

@@ -136,24 +136,23 @@ class HorovodCluster(TFCluster):
         if options.get("keras", "tf-keras") == "keras3":
             raise OptionError("keras", f"keras='keras3' cannot be used: {KERAS3_REFUSED}",
                               "leave keras at 'tf-keras' (the default), which sets TF_USE_LEGACY_KERAS=1")
-        self.horovod = Horovod()
-        super().__init__(workers, backend=self.horovod, **options)
+        super().__init__(workers, backend=Horovod(), **options)
 
     @property
     def ranks(self) -> list[Rank]:
         """Each rank: its task, rank, size, local and cross ranks, host and pid."""
-        return self.horovod.ranks(self.tasks)
+        return self.backend.ranks(self.tasks)
 
     @property
     def horovod_env(self) -> dict[str, dict[str, str]]:
         """The Horovod variables each engine was given, by task name."""
-        self.task_group(ready=False)  # raises on a cluster not started
-        return {name: dict(env) for name, env in self.horovod.env.items()}
+        self._require_started()
+        return {name: dict(env) for name, env in self.backend.env.items()}
 
     @property
     def rendezvous(self) -> tuple[str, int] | None:
         """(address, port) of the rendezvous server in rank 0's engine (None while stopped)."""
-        return self.horovod.rendezvous
+        return self.backend.rendezvous
 
 
 def slot_plan(hosts: list[str]) -> list[dict[str, Any]]:

@@ -161,19 +161,18 @@ class JaxCluster(TFCluster):
             if name in options:
                 raise OptionError(name, "a JaxCluster's engines run Keras 3 on JAX and never import TensorFlow "
                                         "before your function does", f"leave {name} out")
-        self.jax = Jax(tensorflow)
-        super().__init__(workers, backend=self.jax, **{**options, "keras": "keras3", "preload": False})
+        super().__init__(workers, backend=Jax(tensorflow), **{**options, "keras": "keras3", "preload": False})
 
     @property
     def tensorflow(self) -> bool:
         """Whether the engines may import TensorFlow."""
-        return self.jax.tensorflow
+        return self.backend.tensorflow
 
     @property
     def jax_env(self) -> dict[str, dict[str, str]]:
         """The variables each engine was given, by task name."""
-        self.task_group(ready=False)  # raises on a cluster not started
-        return {name: dict(env) for name, env in self.jax.env.items()}
+        self._require_started()
+        return {name: dict(env) for name, env in self.backend.env.items()}
 
 
 # ----- run on the engines (by reference: the engines import this module) --------------------------

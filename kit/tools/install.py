@@ -81,25 +81,26 @@ def constraints(lock: dict[str, str], keep: dict[str, str]) -> str:
     return "".join(f"{name}=={version}\n" for name, version in sorted({**lock, **keep}.items()))
 
 
-def dependencies() -> dict[str, object]:
-    """Install the kit's dependencies (see the module's text); returns what it did, and prints it in a line or two."""
+def dependencies() -> None:
+    """Install the kit's dependencies (see the module's text), and say what it did in a line or two."""
     requirements = [Requirement(r) for r in metadata.requires("kit") or [] if "extra ==" not in r]
     lock = lock_path()
     before = loaded()
     keep = kept(requirements, before)
+    tested = pins(lock.read_text()) if lock else {}
     command = [sys.executable, "-m", "pip", "install", "--quiet", *map(str, requirements)]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kit-install-") as folder:
         if lock is not None:
-            (Path(folder) / "constraints.txt").write_text(constraints(pins(lock.read_text()), keep))
+            (Path(folder) / "constraints.txt").write_text(constraints(tested, keep))
             command += ["--constraint", str(Path(folder) / "constraints.txt")]
         else:
             print(f"Python {sys.version_info[0]}.{sys.version_info[1]} has no tested set (the kit is tested on 3.11, "
                   "3.12 and 3.13): installing the newest versions pyproject's ranges allow")
         subprocess.run(command, check=True)
-    changed = {name: (version, installed(name)) for name, version in before.items() if installed(name) != version}
+    now = {name: installed(name) for name in before}
+    changed = {name: (version, now[name]) for name, version in before.items() if now[name] != version}
     seconds = time.monotonic() - started
-    tested = pins(lock.read_text()) if lock else {}
     other = {name: version for name, version in keep.items() if tested.get(name, version) != version}
     lines = [f"Installed the kit's dependencies in {seconds:.0f} s"
              + (f" (the tested set of {lock.name}" if lock else "")
@@ -112,7 +113,6 @@ def dependencies() -> dict[str, object]:
     else:
         lines.append("No restart needed: nothing this kernel had loaded was changed.")
     print("\n".join(lines))
-    return {"command": command, "kept": other, "changed": changed, "seconds": seconds, "restart": bool(changed)}
 
 
 def in_colab() -> bool:
