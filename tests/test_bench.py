@@ -7,11 +7,9 @@ from kit.tools.bench import check_goals, format_report
 
 
 def report():
-    return {"throughput": {64: {"examples_per_second": {"tf-keras single": 6000.0, "keras3 single": 5800.0,
-                                                         "2 workers": 1800.0, "2 workers tuned": 2400.0},
+    return {"throughput": {64: {"examples_per_second": {"single": 6000.0, "2 workers": 1800.0, "2 workers tuned": 2400.0},
                                 "efficiency": 0.3, "efficiency_tuned": 0.4},
-                           512: {"examples_per_second": {"tf-keras single": 7000.0, "keras3 single": 8000.0,
-                                                          "2 workers": 7600.0}, "efficiency": 0.95}},
+                           512: {"examples_per_second": {"single": 7000.0, "2 workers": 7600.0}, "efficiency": 0.95}},
             "ready_s": 7.0, "recovery_s": 31.0,
             "memory": {"uss_worker_mb": 450.0, "pss_total_mb": 2100.0},
             "notebooks_s": {"00-a": 30.0, "01-b": 119.0}}
@@ -30,7 +28,24 @@ def test_tuned_variant_is_judged_beside_the_default():
     assert goals["efficiency_64_tuned"] == {"value": 0.4, "target": ">= 0.6", "met": False}
     assert "efficiency_512_tuned" not in goals  # not measured at 512 in this report: not invented
     text = format_report({**report(), "goals": goals})
-    assert "2400" in text and "gradient_compression=fp16" in text
+    assert "2400" in text and "allreduce=float16" in text and "2 workers tuned: 08-scaling-experiments" in text
+
+
+def test_every_variant_trains_with_a_lesson_and_an_unknown_one_names_the_choices():
+    from kit.core.errors import OptionError
+    from kit.tools import bench, cells
+
+    for variant, name in bench.LESSONS.items():
+        code = cells.lesson(name, "training" if variant == "2 workers tuned" else "lesson")
+        assert callable(code["train"]), (variant, name)
+    assert set(bench.LESSONS) == set(bench.VARIANTS)
+    cluster, call, global_batch = bench.variant_call("2 workers tuned", 64, 2, 30, "mnist.npz")  # 08's plan
+    trial = call[4]
+    assert not cluster.started and global_batch == 128 == trial["global_batch"]
+    assert (trial["steps_per_epoch"], trial["epochs"], trial["steps_per_execution"]) == (30, 2, 10), trial
+    with pytest.raises(OptionError, match="2 workers tuned") as refused:
+        bench.variant_call("2 Horovod tuned", 64, 2, 30, "mnist.npz")
+    assert refused.value.field == "variant"
 
 
 def test_goals_read_json_keys_too():
@@ -115,7 +130,6 @@ def test_the_slurm_profile_is_installed_with_the_login_nodes_address(tmp_path):
 def test_the_slurm_section_times_both_kinds_and_leaves_nothing_running():
     """One round (23 s here: the emulated cluster up and down, one local and one Slurm start)."""
     import os
-    import subprocess
 
     from conftest import describe, kit_processes
     from kit.tools import slurm_bench
@@ -155,9 +169,9 @@ def test_the_ceiling_sums_two_processes_and_the_plain_launch_keeps_tensorflows_l
     from kit.tools import bench, launch_bench
 
     row = bench.measure_variant(bench.CEILING, 32, epochs=2, steps=5)
-    assert row["examples_per_second"] > 0 and row["keras"], row
+    assert row["examples_per_second"] > 0 and row["lesson"] == "01-single-vs-multi-worker", row
     jax = bench.measure_variant("2 jax", 32, epochs=2, steps=5)
-    assert jax["examples_per_second"] > 0 and jax["keras"] == "keras3 (jax)", jax
+    assert jax["examples_per_second"] > 0 and jax["lesson"] == "12-keras3-jax", jax
     marks = launch_bench.plain_launch(workers=2, epochs=1, steps_per_epoch=3)
     assert len(marks) == 2 and all(m["first_step"] > 0 for m in marks)
     out, err = capfd.readouterr()

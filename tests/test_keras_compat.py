@@ -4,6 +4,9 @@ MultiWorkerMirroredStrategy rows (the ones the kit's tf-keras default follows fr
 from __future__ import annotations
 
 import datetime
+import inspect
+import os
+import sys
 
 import pytest
 
@@ -39,6 +42,17 @@ def test_unknown_choices_are_refused():
         compat.run_combination("keras2", "default", "fit")
     with pytest.raises(KitError, match="custom_loop"):
         list(compat.run_all(modes=["loop"]))
+
+
+def test_every_combination_runs_a_lesson_function_that_takes_its_arguments():
+    keras_choice, imported = os.environ.get("TF_USE_LEGACY_KERAS"), "tensorflow" in sys.modules
+    for strategy in compat.STRATEGIES:
+        for mode in compat.MODES:
+            code, train = compat.lesson(strategy, mode)
+            assert train.__module__ == "__main__", "not sent by value: the engines would not run the lesson's code"
+            inspect.signature(train).bind(**compat.arguments(strategy, mode, 2, "ckpt"), mnist_path="mnist.npz")
+    # the lesson's cells only define: the kernel's Keras choice and TensorFlow stay untouched
+    assert os.environ.get("TF_USE_LEGACY_KERAS") == keras_choice and ("tensorflow" in sys.modules) == imported
 
 
 def committed_table() -> tuple[str, dict]:

@@ -1,15 +1,23 @@
-"""Fault tolerance for real: killed workers, supervised restarts, resumed training, preemption."""
+"""Fault tolerance for real: killed workers, supervised restarts, resumed training, preemption.
+
+The training is the lessons' own (notebook 05's ``train`` and ``train_preemptible``, notebook 07's pieces, from
+their cells tagged ``lesson``); the journal and the faults go in as callbacks (kit.tools.fault_trials.run_lesson).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 
 import pytest
 
+import kit
 from conftest import broken_startup
-from kit.train import resilience
+from kit.tools.cells import lesson
+from kit.tools.fault_trials import run_lesson
+from kit.train import resilience, watch
 from kit.core.errors import FailuresExhaustedError, KitError
 
 
@@ -91,16 +99,16 @@ def test_remove_backup_dir_refuses_when_files_remain(tmp_path):
                                             ({"workers": 1, "chief": True}, "chief:0")])
 def test_killed_task_restarts_and_resumes_without_losing_steps(make_cluster, tmp_path, layout, victim):
     cluster = make_cluster(**layout)
-    results = cluster.with_options(max_failures=2).run(resilience.train_resumable, str(tmp_path), epochs=4,
-        steps_per_epoch=20, save_freq=10, kill_task=victim, kill_at_global_step=30)
+    results = run_lesson(cluster.with_options(max_failures=2), tmp_path, epochs=4, steps_per_epoch=20,
+                         save_freq=10, kill_task=victim, kill_at_step=30)
     assert [f.task for f in cluster.failures] == [victim]
-    assert all(r["attempt"] == 2 and r["global_step"] == 80 for r in results)
+    assert all(r["global_step"] == 80 for r in results)
     # the live view followed the restart: every task restarted once, and finished
     assert [(row.state, row.restarts) for row in cluster.last_view.rows.values()] == [("done", 1)] * len(results)
     assert all(row.progress["epoch"] == 4 and row.progress["step"] == 20 for row in cluster.last_view.rows.values())
     for task in cluster.task_names:
         summary = resilience.summarize(tmp_path, task)
-        assert summary["completed"] and summary["final_epochs"] == [0, 1, 2, 3]
+        assert summary["attempts"] == 2 and summary["completed"] and summary["final_epochs"] == [0, 1, 2, 3]
         # a backup every 10 steps, killed once the chief has journaled step 30 (its backup is on disk)
         assert summary["steps_redone"] == 0, summary
         (resume,) = summary["resumes"]
@@ -114,8 +122,8 @@ def test_killed_task_restarts_and_resumes_without_losing_steps(make_cluster, tmp
 @pytest.mark.slow
 def test_epoch_backups_redo_the_interrupted_epoch_only(make_cluster, tmp_path):
     cluster = make_cluster(workers=2)
-    results = cluster.with_options(max_failures=1).run(resilience.train_resumable, str(tmp_path), epochs=3,
-        steps_per_epoch=10, save_freq="epoch", kill_task="worker:1", kill_at_global_step=15)
+    results = run_lesson(cluster.with_options(max_failures=1), tmp_path, epochs=3, steps_per_epoch=10,
+                         save_freq="epoch", kill_task="worker:1", kill_at_step=15)
     assert results[0]["epochs_run"] == [1, 2]  # epoch 0 was backed up, epoch 1 starts over
     summary = resilience.summarize(tmp_path, "worker:0")
     assert summary["steps_redone"] == 5 and summary["final_epochs"] == [0, 1, 2]
@@ -123,16 +131,22 @@ def test_epoch_backups_redo_the_interrupted_epoch_only(make_cluster, tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_makes_all_workers_save_at_the_same_step(make_cluster, tmp_path):
+    """Notebook 05's ``train_preemptible``: worker:1 sends itself a SIGTERM after step 12 (a callback, once)."""
     cluster = make_cluster(workers=2)
-    results = cluster.with_options(max_failures=1).run(resilience.train_preemptible, str(tmp_path),
-        total_steps=30, preempt_task="worker:1", preempt_at_step=12)
-    assert "Preempted" in cluster.failures[0].error
-    assert all(r["first_step"] == 12 and r["global_step"] == 30 == r["optimizer_iterations"] for r in results)
-    for task in cluster.task_names:
+    callbacks = [kit.OnTask(watch.watcher, str(tmp_path), 128),
+                 kit.OnTask(resilience.kill_at_step_callback, str(tmp_path), "worker:1", 12, signal.SIGTERM)]
+    results = cluster.with_options(max_failures=1).run(lesson("05-fault-tolerance")["train_preemptible"], str(tmp_path / "checkpoints"),
+        30, 64, 8192, 0.01, str(kit.train.data.mnist_path()), 42, callbacks=callbacks)
+    (failure,) = cluster.failures
+    assert "preempted: every worker saved" in failure.error
+    assert all(r["global_step"] == 30 == r["iterations"] for r in results)
+    resumes = {task: resilience.summarize(tmp_path, task)["resumes"] for task in cluster.task_names}
+    saved = {resume["last_step_before"] for (resume,) in resumes.values()}
+    assert len(saved) == 1 and min(saved) >= 12, resumes  # every worker saved at one step, at or after the SIGTERM
+    for task, (resume,) in resumes.items():
+        assert resume["first_step_after"] == resume["last_step_before"] + 1 == resume["initial_step"] + 1, resume
         summary = resilience.summarize(tmp_path, task)
-        (resume,) = summary["resumes"]
-        assert (resume["last_step_before"], resume["first_step_after"]) == (12, 13)
-        assert summary["steps_redone"] == 0 and summary["distinct_steps"] == 30
+        assert summary["steps_redone"] == 0 and summary["distinct_steps"] == 30, summary
     assert sorted(os.listdir(tmp_path / "checkpoints"))  # the chief's checkpoint is there
 
 
@@ -144,8 +158,8 @@ def test_a_task_that_never_comes_back_exhausts_max_failures(make_cluster, tmp_pa
     cluster = make_cluster(workers=2, start_timeout=30)
     start = time.monotonic()
     with pytest.raises(FailuresExhaustedError) as info:
-        cluster.with_options(max_failures=2).run(resilience.train_resumable, str(tmp_path / "run"), epochs=2,
-            steps_per_epoch=5, kill_task="worker:1", kill_at_global_step=3)
+        run_lesson(cluster.with_options(max_failures=2), tmp_path / "run", epochs=2, steps_per_epoch=5,
+                   kill_task="worker:1", kill_at_step=3)
     failures = info.value.failures
     assert len(failures) == 3 and failures[0].task == "worker:1"
     assert all("restart failed" in f.error and f.task == "worker:1" for f in failures[1:])
@@ -171,63 +185,52 @@ def test_a_run_that_gives_up_shows_every_task_s_engine_log(make_cluster):
     assert "stderr line of worker:0" in str(info.value)  # the live peer's last line
 
 
-@pytest.mark.slow
-def test_chief_keeps_the_checkpoint_and_workers_write_disjoint_temporary_files(make_cluster, tmp_path):
-    def save_from_every_worker(base_dir):
-        from kit.train import checkpoints
-        from kit.train._tf import import_tensorflow
-        tf = import_tensorflow()
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        with strategy.scope():
-            step = tf.Variable(7)
-        return checkpoints.save(tf.train.Checkpoint(step=step), base_dir, strategy)
-
-    cluster = make_cluster(workers=2)
-    chief, other = cluster.run(save_from_every_worker, str(tmp_path))
-    assert chief["chief"] and not other["chief"]
-    assert chief["files"] and other["files"]
-    assert not set(chief["files"]) & set(other["files"])  # no file written by two tasks
-    assert not os.path.exists(other["write_dir"])  # the temporary copy is gone
-    assert any(name.startswith("ckpt-1") for name in os.listdir(tmp_path))
-
-
-# ----- ParameterServerStrategy ---------------------------------------------------------------------
+# ----- ParameterServerStrategy: notebook 07's lesson -----------------------------------------------
 PS_SERVERS = ["worker:0", "worker:1", "ps:0"]
+PS_TRAINING = dict(per_worker_batch=32, examples=2048, learning_rate=0.05, max_shards=2, min_shard_bytes=256 << 10)
 
 
 def start_ps_servers(cluster):
     from kit.train import ps
-    cluster.with_options(tasks=PS_SERVERS, stream=False).run(ps.start_server)
-
-
-def run_ps_and_kill(make_cluster, run_dir, victim_task):
-    """40 scheduled steps on chief + 2 workers + 1 ps; ``victim_task`` is SIGKILLed after step 15."""
-    cluster = make_cluster(chief=True, workers=2, ps=1)
-    start_ps_servers(cluster)
-    victim = {t.name: t.pid for t in cluster.tasks}[victim_task]
-    supervised = cluster.with_options(tasks=["chief:0"], max_failures=1, on_restart=start_ps_servers)
-    (result,) = supervised.run(resilience.train_parameter_server, str(run_dir), steps=40, checkpoint_every=10,
-                               kill_pid=victim, kill_after_step=15)
-    return cluster, victim, result
+    cluster.with_options(tasks=PS_SERVERS, stream=False).run(ps.serve, lesson("07-parameter-server")["start_server"])
 
 
 @pytest.mark.slow
 def test_ps_a_lost_worker_s_functions_are_rescheduled(make_cluster, tmp_path):
+    """Notebook 07's ``train``: worker:1 is SIGKILLed once the chief journaled the first epoch; the rest go on."""
     import psutil
 
-    cluster, victim, result = run_ps_and_kill(make_cluster, tmp_path, "worker:1")
+    cluster = make_cluster(chief=True, workers=2, ps=1)
+    start_ps_servers(cluster)
+    victim = {t.name: t.pid for t in cluster.tasks}["worker:1"]
+    killer = watch.kill_after_step(cluster, "worker:1", tmp_path, 10)
+    (result,) = cluster.with_options(tasks=["chief:0"]).run(
+        lesson("07-parameter-server")["train"], epochs=4, steps_per_epoch=10, eval_steps=4,
+        mnist_path=str(kit.train.data.mnist_path()), callbacks=[kit.OnTask(watch.watcher, str(tmp_path), 32)],
+        **PS_TRAINING)
+    killed_at = killer.join(timeout=60)
     assert not cluster.failures  # the coordinator coped; nothing was restarted
     assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == psutil.STATUS_ZOMBIE
-    assert result["scheduled"] == 40
+    epoch_ends = [r for r in resilience.read_journal(tmp_path) if r["event"] == "epoch_end"]
+    assert any(r["time"] > killed_at for r in epoch_ends), epoch_ends  # epochs ended after the kill
     # every function ran; the coordinator retries at least once, so the one function the killed worker
     # had in flight may have updated the ps before the kill and then again on the survivor
-    assert result["model_version"] in (40, 41)
-    assert set(result["steps_per_worker"]) == {0, 1} and result["steps_per_worker"][0] > 20
+    assert epoch_ends[-1]["global_step"] in (40, 41), epoch_ends
+    assert len(result["loss"]) == 4 and 0 < result["eval_accuracy"] <= 1, result
 
 
 @pytest.mark.slow
 def test_ps_a_lost_parameter_server_restarts_the_run_from_the_checkpoint(make_cluster, tmp_path):
-    cluster, _, result = run_ps_and_kill(make_cluster, tmp_path, "ps:0")
+    """No lesson resumes after a lost ps (notebook 07 stops there): resilience.train_parameter_server, on the
+    lesson's model, data and step, checkpoints every 10 steps; ps:0 is SIGKILLed after step 15."""
+    cluster = make_cluster(chief=True, workers=2, ps=1)
+    start_ps_servers(cluster)
+    pieces = {name: f for name, f in lesson("07-parameter-server").items()
+              if name in resilience.PS_LESSON_FUNCTIONS}
+    supervised = cluster.with_options(tasks=["chief:0"], max_failures=1, on_restart=start_ps_servers)
+    (result,) = supervised.run(resilience.train_parameter_server, str(tmp_path), pieces, steps=40,
+                               checkpoint_every=10, kill_pid={t.name: t.pid for t in cluster.tasks}["ps:0"],
+                               kill_after_step=15, mnist_path=str(kit.train.data.mnist_path()), **PS_TRAINING)
     (failure,) = cluster.failures
     assert failure.task == "chief:0" and ("Unavailable" in failure.error or "Aborted" in failure.error)
     assert result["attempt"] == 2 and result["first_step"] == 10  # the last checkpoint before the kill

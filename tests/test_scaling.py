@@ -1,4 +1,4 @@
-"""kit.train.scaling: learning-rate rules, warmup, trial plans, loss curves and scaling efficiency."""
+"""kit.train.scaling: warmup, loss curves, the recorder and notebook 08's tables."""
 
 from __future__ import annotations
 
@@ -12,67 +12,10 @@ from kit.train import scaling
 from kit.core.errors import KitError, OptionError
 
 
-@pytest.mark.parametrize("rule, k, expected", [("none", 8, 0.1), ("linear", 8, 0.8), ("sqrt", 4, 0.2),
-                                               ("linear", 0.5, 0.05), ("sqrt", 1, 0.1)])
-def test_scaled_learning_rate(rule, k, expected):
-    assert scaling.scaled_learning_rate(0.1, k, rule) == pytest.approx(expected)
-
-
-@pytest.mark.parametrize("args, field", [((0.1, 2, "cubic"), "lr_rule"), ((0, 2, "linear"), "base_lr"),
-                                         ((0.1, -1, "linear"), "k"), ((float("nan"), 2, "none"), "base_lr")])
-def test_bad_scaling_arguments_name_the_field(args, field):
-    with pytest.raises(OptionError) as info:
-        scaling.scaled_learning_rate(*args)
-    assert info.value.field == field and "Fix:" in str(info.value)
-
-
-def test_scale_factor():
-    assert scaling.scale_factor(512, 64) == 8
-    with pytest.raises(OptionError, match="global_batch"):
-        scaling.scale_factor(0, 64)
-
-
 def test_warmup_ramps_linearly_then_holds():
     rates = [scaling.warmup_learning_rate(s, 0.8, 4, 0.1) for s in range(7)]
     assert rates == pytest.approx([0.1, 0.275, 0.45, 0.625, 0.8, 0.8, 0.8])
     assert scaling.warmup_learning_rate(0, 0.8, 0) == 0.8  # no warmup
-
-
-def test_warmup_schedule_matches_the_pure_function():
-    schedule = scaling.warmup_schedule(0.8, 4, 0.1)
-    got = [float(schedule(s)) for s in range(7)]
-    assert got == pytest.approx([scaling.warmup_learning_rate(s, 0.8, 4, 0.1) for s in range(7)], rel=1e-6)
-    assert schedule.get_config() == {"target_lr": 0.8, "warmup_steps": 4, "warmup_from": 0.1}
-
-
-def test_plan_spends_the_example_budget():
-    trial = scaling.plan(2, 256, "linear", base_lr=0.05, base_batch=64, examples=8192, warmup=True)
-    assert (trial.global_batch, trial.k, trial.learning_rate) == (512, 8.0, pytest.approx(0.4))
-    assert (trial.epochs, trial.steps_per_epoch, trial.steps, trial.examples) == (2, 8, 16, 8192)
-    assert (trial.warmup_steps, trial.warmup_from) == (4, 0.05)
-    assert trial.train_kwargs() == {"per_worker_batch": 256, "epochs": 2, "steps_per_epoch": 8,
-                                     "learning_rate": pytest.approx(0.4), "warmup_steps": 4, "warmup_from": 0.05}
-    assert scaling.plan(1, 64, "none", base_lr=0.05, base_batch=64, examples=8192).warmup_steps == 0
-
-
-def test_plan_refuses_budgets_and_options_that_make_no_run():
-    with pytest.raises(OptionError, match="raise examples to at least 4096") as info:
-        scaling.plan(2, 512, "none", base_lr=0.1, base_batch=64, examples=1024)
-    assert info.value.field == "examples"
-    with pytest.raises(OptionError) as info:
-        scaling.plan(2, 64, "none", base_lr=0.1, base_batch=64, examples=8192, warmup="yes")
-    assert info.value.field == "warmup"
-    with pytest.raises(OptionError) as info:
-        scaling.plan(0, 64, "none", base_lr=0.1, base_batch=64, examples=8192)
-    assert info.value.field == "workers"
-
-
-def test_schedule_key_tells_identical_training_apart():
-    def key(rule, pwb=64, warmup=False):
-        return scaling.plan(1, pwb, rule, base_lr=0.05, base_batch=64, examples=8192, warmup=warmup).schedule_key()
-
-    assert key("none") == key("linear") == key("sqrt") == key("linear", warmup=True)  # k = 1: one run
-    assert len({key("none", 128), key("linear", 128), key("linear", 128, warmup=True)}) == 3
 
 
 def test_per_step_losses_undo_the_running_mean_per_epoch():
@@ -105,17 +48,6 @@ def test_scaling_efficiency_from_a_table():
     assert math.isnan(speed["efficiency"].tolist()[2])  # no one-worker run at 256
     with pytest.raises(OptionError, match="examples_per_second"):
         scaling.scaling_efficiency(table.drop(columns="examples_per_second"))
-
-
-def test_train_mnist_with_warmup_and_evaluation_in_process():
-    from kit.train.fit import train_mnist
-
-    plain = train_mnist(per_worker_batch=32, epochs=1, steps_per_epoch=3, strategy="default", verbose=0)
-    assert "test_accuracy" not in plain  # the defaults return what they always returned
-    result = train_mnist(per_worker_batch=32, epochs=2, steps_per_epoch=3, learning_rate=0.1,
-                         strategy="default", verbose=0, warmup_steps=4, warmup_from=0.01, eval_examples=100)
-    assert 0.0 <= result["test_accuracy"] <= 1.0 and math.isfinite(result["test_loss"])
-    assert len(result["step_loss"]) == 6
 
 
 # ----- notebook 08's table: records of a run become rows ----------------------------------------------
@@ -175,12 +107,10 @@ def test_step_times_and_speed_table():
 
 
 @pytest.mark.slow  # imports TensorFlow in the test process (about 10 s)
-def test_recorder_and_the_summed_third_on_one_process():
+def test_the_recorder_on_one_process():
     from kit.train._tf import import_tensorflow
 
     tf = import_tensorflow()
-    strategy = tf.distribute.get_strategy()
-    assert scaling.summed_third(strategy, tf.keras.optimizers.SGD) == pytest.approx(1 / 3)   # one replica
     model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
     model.compile(loss="mse", optimizer=tf.keras.optimizers.SGD(0.01))
     recorder = scaling.recorder()

@@ -31,7 +31,9 @@ from kit.core.errors import ClusterError, ExposedPortsWarning
 from conftest import exposed
 from kit.core.options import engine_set_id
 from kit.train import resilience
+from kit.train.progress import OnTask
 from kit.tools import firewall, sim_cluster, sim_state
+from kit.tools.fault_trials import run_lesson
 from kit.tools.sim_cluster import SimCluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -255,19 +257,18 @@ def test_a_killed_task_and_a_cancelled_job_are_lost_tasks_and_the_run_resumes(si
     """One run, two faults: ``cluster.kill("worker:1")`` at step 10, then, in the second attempt, a plain
     ``scancel`` of worker:0's job at step 30. Each is a lost task; each restart gets fresh jobs and resumes from the
     backup. Then a plain ``scancel`` of an idle engine's job: the next run names the task."""
-    def train_with_two_faults(run_dir: str) -> dict:
-        """Attempt 1: worker:1 waits at step 10 for ``cluster.kill`` (:func:`kill_when_waiting`). Attempt 2:
+    def fault_of_this_attempt(run_dir: str):
+        """Notebook 05's lesson trains (run_lesson); this callback, built on each task, injects the attempt's fault.
+        Attempt 1: worker:1 waits at step 10 for ``cluster.kill`` (:func:`kill_when_waiting`). Attempt 2:
         worker:0's own callback runs ``scancel`` of its job at step 30 (its job's shell has $SLURM_JOB_ID) and waits
         to be ended: sent from the test, the signal landed too late in 3 runs of 4 (an attempt's 50 steps take
         ~5 s). SIGTERM first, which the busy engine defers; Slurm's SIGKILL follows after KillWait (2 s here)."""
         from kit.train import resilience  # defined here, so that it travels by value
 
         if resilience.Journal(run_dir).attempt == 1:
-            fault = {"kill_task": "worker:1", "kill_at_global_step": 10, "kill_command": ["true"]}  # WAIT
-        else:
-            fault = {"kill_task": "worker:0", "kill_at_global_step": 30,
-                     "kill_command": ["scancel", "$SLURM_JOB_ID"]}
-        return resilience.train_resumable(run_dir, epochs=3, steps_per_epoch=20, save_freq=5, **fault)
+            return resilience.kill_at_step_callback(run_dir, "worker:1", 10, after_task="worker:0",
+                                                    command=["true"])  # WAIT
+        return resilience.kill_at_step_callback(run_dir, "worker:0", 30, command=["scancel", "$SLURM_JOB_ID"])
 
     engines = ipp.Cluster(profile_dir=str(profile("slurm", sim, tmp_path)), log_level=40)
     run_dir = tmp_path / "run"
@@ -281,7 +282,8 @@ def test_a_killed_task_and_a_cancelled_job_are_lost_tasks_and_the_run_resumes(si
         jobs = [{task: job_of(engines, task) for task in cluster.task_names}]
         first_addresses = {t.address for t in cluster.tasks}
         timer = kill_when_waiting(cluster, run_dir, "worker:1")
-        results = cluster.with_options(max_failures=2).run(train_with_two_faults, str(run_dir))
+        results = run_lesson(cluster.with_options(max_failures=2), run_dir, epochs=3, steps_per_epoch=20,
+                             save_freq=5, callbacks=[OnTask(fault_of_this_attempt, str(run_dir))])
         timer.join(timeout=60)
         jobs.append({task: job_of(engines, task) for task in cluster.task_names})
         # fresh engines pick fresh ports on their hosts (kit.core.roles): firewall rules must be loaded again
@@ -300,9 +302,9 @@ def test_a_killed_task_and_a_cancelled_job_are_lost_tasks_and_the_run_resumes(si
         assert info.value.tasks == ["worker:1"]
     assert [f.task for f in cluster.failures] == ["worker:1", "worker:0"], cluster.failures
     assert all("failed: its engine process exited" in f.error for f in cluster.failures), cluster.failures
-    assert all(r["attempt"] == 3 and r["global_step"] == 60 for r in results), results
+    assert all(r["global_step"] == 60 for r in results), results
     summary = resilience.summarize(run_dir, "worker:0")
-    assert summary["completed"] and summary["steps_redone"] <= 5, summary  # a backup every 5 steps
+    assert summary["attempts"] == 3 and summary["completed"] and summary["steps_redone"] <= 5, summary  # backup every 5
     waited, kill = [r for r in resilience.read_journal(run_dir) if r["event"] == "kill"]
     assert (waited["task"], waited["global_step"], waited["command"]) == ("worker:1", 10, WAIT), waited
     assert kill["global_step"] == 30 and kill["task"] == "worker:0" and kill["command"][0] == "scancel", kill
@@ -351,16 +353,17 @@ def test_a_keras3_jax_job_trains_on_slurm_nodes_as_one_process_does(sim, slurm_e
     """A JaxCluster on two Slurm nodes (one process per host, over the emulated network): each process gets the job's
     addresses (its node's, process 0's first), and the two train, DataParallel, to the losses of one process."""
     from kit.core.keras_jax import JaxCluster
-    from kit.train.jax_fit import train_mnist
+    from kit.tools.cells import lesson
 
+    train, mnist = lesson("12-keras3-jax")["train"], str(REPO / "kit" / "train" / "datasets" / "mnist.npz")
     engines = ipp.Cluster(profile_dir=str(profile("slurm", sim, tmp_path)), log_level=40)
     with JaxCluster(workers=2, engines=engines, start_timeout=120) as cluster:
         assert sorted(cluster.run(socket.gethostname)) == ["h1", "h2"]  # one process per node
         addresses = cluster.jax_env["worker:1"]["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",")
         assert addresses == [t.address for t in cluster.tasks] and not addresses[0].startswith("127."), addresses
-        two = cluster.with_options(stream=False).run(train_mnist, per_worker_batch=16, epochs=2, steps_per_epoch=4)
+        two = cluster.with_options(stream=False).run(train, 32, 2, 128, 0.05, 1, mnist)   # notebook 12's lesson
     with JaxCluster(workers=1) as one:
-        [single] = one.with_options(stream=False).run(train_mnist, per_worker_batch=32, epochs=2, steps_per_epoch=4)
+        [single] = one.with_options(stream=False).run(train, 32, 2, 128, 0.05, 1, mnist)
     assert two[0]["loss"] == two[1]["loss"], f"expected both nodes to log the same losses, measured {two}"
     np.testing.assert_allclose(two[0]["loss"], single["loss"], rtol=1e-4,
                                err_msg="expected the two nodes to train as one process with the global batch")
@@ -405,12 +408,12 @@ def test_kit_trains_over_ssh_restarts_and_then_behind_the_peer_only_firewall(sim
 
             run_dir = tmp_path / "run"
             timer = kill_when_waiting(cluster, run_dir, "worker:1")
-            results = cluster.with_options(max_failures=1).run(
-                resilience.train_resumable, str(run_dir), epochs=3, steps_per_epoch=20, save_freq=5,
-                kill_task="worker:1", kill_at_global_step=10, kill_command=WAIT)
+            results = run_lesson(cluster.with_options(max_failures=1), run_dir, epochs=3, steps_per_epoch=20,
+                                 save_freq=5, kill_task="worker:1", kill_at_step=10, kill_command=WAIT)
             timer.join(timeout=60)
             assert [f.task for f in cluster.failures] == ["worker:1"], cluster.failures
-            assert all(r["attempt"] == 2 and r["global_step"] == 60 for r in results), results
+            assert all(r["global_step"] == 60 for r in results), results
+            assert resilience.summarize(run_dir, "worker:0")["attempts"] == 2
             np.testing.assert_allclose(results[0]["loss"], results[1]["loss"], rtol=1e-5)
             assert sorted(cluster.run(socket.gethostname)) == ["h1", "h2"]  # the fresh engines: one per host again
             # shown once in a kernel, not again for the restart; its fresh tasks' addresses are in describe()
@@ -421,7 +424,7 @@ def test_kit_trains_over_ssh_restarts_and_then_behind_the_peer_only_firewall(sim
             # a task's server starts when the strategy is built and lives as long as its engine: after one run
             # every fresh task listens, and the login node can connect to each of its addresses
             targets = [from_login_node(a, sim.state.bridge) for t in cluster.tasks for a in t.reachable_at]
-            with_kit = cluster.run(resilience.train_resumable, str(tmp_path / "open"), epochs=1)
+            with_kit = run_lesson(cluster, tmp_path / "open", epochs=1, steps_per_epoch=20)
             assert [f"{h}:{p}" for h, p in targets if firewall.reachable(h, p, PROBE_S)] == \
                 [f"{h}:{p}" for h, p in targets]
             for address, script in firewall.nft_rules(cluster.tasks).items():
@@ -431,7 +434,7 @@ def test_kit_trains_over_ssh_restarts_and_then_behind_the_peer_only_firewall(sim
             shut = [f"{h}:{p}" for h, p in targets if firewall.reachable(h, p, PROBE_S)]
             assert not shut, f"the login node still reaches {shut}"
             # the rules match every packet (no connection state): all of the workers' traffic passed them
-            behind_rules = cluster.run(resilience.train_resumable, str(tmp_path / "shut"), epochs=1)
+            behind_rules = run_lesson(cluster, tmp_path / "shut", epochs=1, steps_per_epoch=20)
 
             # an engine still busy at stop() cannot remove its own folder first (the round asks idle engines
             # only), and no engine starts on its host after it: the kit removes it over ssh once it is gone

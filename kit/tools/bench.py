@@ -27,6 +27,7 @@ import psutil
 
 from ..core.errors import KitError, OptionError
 from ..core.files import write_atomic
+from .cells import lesson
 
 
 GOALS = {
@@ -37,20 +38,23 @@ GOALS = {
     "first_step_behind_plain_s": ("<=", 1.0),
 }
 #: Every variant the throughput section can measure, in the order of the table; "fastest" is the best
-#: two-worker one. Efficiency = a two-worker variant's examples/s ÷ the best single process's.
-VARIANTS = ("tf-keras single", "keras3 single", "2 alone", "2 workers", "2 workers tuned", "2 Horovod",
-            "2 Horovod tuned", "2 Horovod fp16", "jax single", "2 jax")
+#: two-worker one. Efficiency = a two-worker variant's examples/s ÷ the single process's. Each runs a lesson's
+#: own code (its cells tagged ``lesson``, what ``kit export`` writes): see :data:`LESSONS`.
+VARIANTS = ("single", "2 alone", "2 workers", "2 workers tuned", "2 Horovod", "2 Horovod fp16", "jax single", "2 jax")
+#: The lesson each variant trains with.
+LESSONS = {"single": "01-single-vs-multi-worker", "2 alone": "01-single-vs-multi-worker",
+           "2 workers": "01-single-vs-multi-worker", "2 workers tuned": "08-scaling-experiments",
+           "2 Horovod": "09-horovod", "2 Horovod fp16": "09-horovod", "jax single": "12-keras3-jax",
+           "2 jax": "12-keras3-jax"}
 #: The ceiling: two processes that each train the model on their own data on the same cores, with no all-reduce
 #: (the sum of their examples/s). A two-worker variant's share of it says what the all-reduce costs, apart from
 #: what two processes can do on these cores at all.
 CEILING = "2 alone"
 #: variant → the key of its efficiency in a report row
 EFFICIENCY_KEYS = {"2 workers": "efficiency", "2 workers tuned": "efficiency_tuned",
-                   "2 Horovod": "efficiency_horovod", "2 Horovod tuned": "efficiency_horovod_tuned",
-                   "2 Horovod fp16": "efficiency_horovod_fp16", "2 jax": "efficiency_jax"}
-#: Horovod's tuned variant: ten steps per call into TensorFlow, as the MWMS one (its fp16 is a variant
-#: of its own: on these CPUs the casts cost more than the halved all-reduce saves)
-HOROVOD_TUNED = {"steps_per_execution": 10}
+                   "2 Horovod": "efficiency_horovod", "2 Horovod fp16": "efficiency_horovod_fp16",
+                   "2 jax": "efficiency_jax"}
+
 
 
 
@@ -88,76 +92,74 @@ class MemorySampler:
         self._thread.join()
 
 
-#: The kit's fastest two-worker configuration (docs/performance.md, changes 6-7): same model and data,
-#: gradients summed in float16, ten steps per call into TensorFlow.
-TUNED = {"gradient_compression": "fp16", "steps_per_execution": 10}
+#: The tuned two-worker run (notebook 08, section 8): gradients summed in float16, ten steps per call.
+TUNED = {"allreduce": "float16", "steps_per_execution": 10}
 
 
-def measure_throughput(workers: int, keras: str, per_worker_batch: int, epochs: int, steps: int,
-                       memory: bool = False, **training: Any) -> dict[str, Any]:
-    """Steady-state examples/s of the tutorial's CNN: one process (``workers=1``, the global batch
-    of two workers) or ``workers`` MultiWorkerMirroredStrategy tasks; ``training`` goes to
-    :func:`kit.train.fit.train_mnist` (e.g. :data:`TUNED`)."""
+def alone(train: Callable, *args: Any, **kwargs: Any) -> Any:
+    """On a task: ``train`` with this task as the only worker of its cluster (its TF_CONFIG cut to itself)."""
+    config = json.loads(os.environ["TF_CONFIG"])
+    me = config["cluster"][config["task"]["type"]][config["task"]["index"]]
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [me]}, "task": {"type": "worker", "index": 0}})
+    return train(*args, **kwargs)
+
+
+def tuned(train: Callable, load_mnist: Callable, half_precision_allreduce: Callable, trial: dict[str, Any],
+          mnist_path: str, callbacks: list) -> Any:
+    """On a task: notebook 08's ``train`` of one planned trial with its float16 all-reduce (its section 8)."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    return train(strategy, trial, load_mnist(mnist_path), callbacks, half_precision_allreduce(tf.keras.optimizers.SGD))
+
+
+def variant_call(variant: str, batch: int, epochs: int, steps: int, data: str) -> tuple[Any, tuple, int]:
+    """The cluster, the run's function and arguments, and the global batch of one sample of ``variant``."""
     from ..core.cluster import TFCluster
-    from ..train.fit import train_mnist
 
-    strategy = "default" if workers == 1 else "multi_worker_mirrored"
-    batch = per_worker_batch * (2 if workers == 1 else 1)  # same global batch as 2 workers
-    with TFCluster(workers=workers, keras=keras) as cluster:
-        pids = [t.pid for t in cluster.tasks]
-        sampler = MemorySampler(pids, os.getpid()) if memory else None
+    if variant not in VARIANTS:
+        raise OptionError("variant", f"{variant!r} is unknown", f"use one of {', '.join(VARIANTS)}")
+    if LESSONS[variant] == "08-scaling-experiments":  # its float16 sum is in cells tagged "training" only
+        code = lesson(LESSONS[variant], "training")
+        trial = code["plan"](2, batch, "none", False, base_lr=0.001, base_batch=64, examples=epochs * steps * 2 * batch,
+                             epochs=epochs, warmup_fraction=0.0, eval_examples=0, seed=42)
+        return TFCluster(workers=2), (tuned, code["train"], code["load_mnist"], code["half_precision_allreduce"],
+                                      {**trial, **TUNED}, data), 2 * batch
+    train = lesson(LESSONS[variant])["train"]
+    if variant == "single":
+        return TFCluster(workers=1), (train, 2 * batch, epochs, steps, data, 42), 2 * batch
+    if variant == "2 workers":
+        return TFCluster(workers=2), (train, batch, epochs, steps, data, 42), 2 * batch
+    if variant == CEILING:
+        return TFCluster(workers=2), (alone, train, batch, epochs, steps, data, 42), batch
+    if "Horovod" in variant:  # 09's steps_per_epoch is one process's: each of the ranks runs its share
+        from ..core.horovod import HorovodCluster
+        compression = "fp16" if "fp16" in variant else "none"
+        return HorovodCluster(workers=2), (train, batch, epochs, 2 * steps, 0.001, 60000, data, None, compression, 42), \
+            2 * batch
+    from ..core.keras_jax import JaxCluster  # 12's train takes the global batch and the examples of an epoch
+    return JaxCluster(workers=1 if variant == "jax single" else 2), (train, 2 * batch, epochs, steps * 2 * batch,
+                                                                      0.001, 42, data), 2 * batch
+
+
+def measure_variant(variant: str, batch: int, epochs: int, steps: int, memory: bool = False) -> dict[str, Any]:
+    """Examples/s of one sample of one variant (see :data:`VARIANTS`) at ``batch`` per worker (one process: the
+    global batch of two), as ``kit.Progress`` measures it on the first task (summed over the tasks for
+    :data:`CEILING`), on a fresh cluster; with ``memory``, the peak memory of the run."""
+    from ..train.data import mnist_path
+    from ..train.progress import Progress
+
+    cluster, call, global_batch = variant_call(variant, batch, epochs, steps, str(mnist_path()))
+    with cluster:
+        sampler = MemorySampler([t.pid for t in cluster.tasks], os.getpid()) if memory else None
         with sampler or contextlib.nullcontext():
-            results = cluster.with_options(stream=False).run(train_mnist, per_worker_batch=batch, epochs=epochs,
-                                                             steps_per_epoch=steps, strategy=strategy,
-                                                             verbose=0, **training)
-    row = {"examples_per_second": results[0]["examples_per_second"], "keras": results[0]["keras"]}
+            cluster.with_options(stream=False).run(*call, callbacks=[Progress(global_batch)])
+        measured = [m["examples_per_second"] for m in cluster.last_view.measurements().values()]
+    row = {"examples_per_second": sum(measured) if variant == CEILING else measured[0], "lesson": LESSONS[variant]}
     if sampler:
         row["uss_worker_mb"] = max(sampler.peak_uss.values()) / 2**20
         row["pss_total_mb"] = sampler.peak_pss_total / 2**20
     return row
-
-
-def measure_on(cluster_class: type, train: Callable, per_worker_batch: int, epochs: int, steps: int,
-               workers: int = 2, summed: bool = False, **training: Any) -> dict[str, Any]:
-    """Examples/s of ``train`` (one of the recipes: ``kit.train.fit``, ``horovod_fit``, ``jax_fit``'s ``train_mnist``)
-    on ``workers`` tasks of a fresh ``cluster_class``: the first task's, or with ``summed`` (:data:`CEILING`: each
-    task trains on its own) the sum of all."""
-    with cluster_class(workers=workers) as cluster:
-        results = cluster.with_options(stream=False).run(train, per_worker_batch=per_worker_batch, epochs=epochs,
-                                                         steps_per_epoch=steps, verbose=0, **training)
-    rate = sum(r["examples_per_second"] for r in results) if summed else results[0]["examples_per_second"]
-    return {"examples_per_second": rate, "keras": results[0]["keras"]}
-
-
-def measure_variant(variant: str, batch: int, epochs: int, steps: int, memory: bool = False) -> dict[str, Any]:
-    """One sample of one variant (see :data:`VARIANTS`)."""
-    if variant == "tf-keras single":
-        return measure_throughput(1, "tf-keras", batch, epochs, steps)
-    if variant == "keras3 single":
-        return measure_throughput(1, "keras3", batch, epochs, steps)
-    if variant == CEILING:  # two tasks training alone (the default strategy: no collectives) at the same time
-        from ..core.cluster import TFCluster
-        from ..train.fit import train_mnist
-
-        return measure_on(TFCluster, train_mnist, batch, epochs, steps, summed=True, strategy="default")
-    if variant == "2 workers":
-        return measure_throughput(2, "tf-keras", batch, epochs, steps, memory=memory)
-    if variant == "2 workers tuned":
-        return measure_throughput(2, "tf-keras", batch, epochs, steps, **TUNED)
-    if "Horovod" in variant:  # Horovod's Keras recipe on two ranks (Gloo), at the MWMS variants' per-worker batch
-        from ..core.horovod import HorovodCluster
-        from ..train.horovod_fit import train_mnist as horovod_recipe
-
-        tuning = {"2 Horovod": {}, "2 Horovod tuned": HOROVOD_TUNED, "2 Horovod fp16": {"compression": "fp16"}}[variant]
-        return measure_on(HorovodCluster, horovod_recipe, batch, epochs, steps, **tuning)
-    if variant in ("jax single", "2 jax"):  # Keras 3 on JAX, DataParallel; one process at the global batch of two
-        from ..core.keras_jax import JaxCluster
-        from ..train.jax_fit import train_mnist as jax_recipe
-
-        single = variant == "jax single"
-        return measure_on(JaxCluster, jax_recipe, batch * 2 if single else batch, epochs, steps,
-                          workers=1 if single else 2)
-    raise OptionError("variant", f"{variant!r} is unknown", f"use one of {', '.join(VARIANTS)}")
 
 
 def recovery_time(seed: int) -> float:
@@ -232,7 +234,7 @@ def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int
             log(f"batch {batch}/worker rep {rep + 1}: " +
                 ", ".join(f"{k} {v[-1]:.0f} ex/s" for k, v in samples.items()))
         medians = {k: statistics.median(v) for k, v in samples.items()}
-        singles = [medians[k] for k in ("tf-keras single", "keras3 single") if k in medians]
+        singles = [medians[k] for k in ("single",) if k in medians]
         efficiency[batch] = {"examples_per_second": medians, "samples": samples}
         if singles:
             reference = max(singles)
@@ -329,10 +331,11 @@ def format_report(report: dict[str, Any]) -> str:
         if row.get("of_ceiling"):
             lines.append(f"{batch}/worker, share of the ceiling ({CEILING}: two processes, no all-reduce): " +
                          ", ".join(f"{v} {share:.2f}" for v, share in row["of_ceiling"].items()))
-    lines.append("(tuned: " + ", ".join(f"{k}={v}" for k, v in TUNED.items()) + "; Horovod: Horovod's Keras "
-                 "recipe, kit.train.horovod_fit.train_mnist, Gloo; Horovod tuned: steps_per_execution=10; "
-                 "fp16: hvd.Compression.fp16; jax: Keras 3 on JAX, DataParallel, kit.train.jax_fit.train_mnist; " +
-                 CEILING + ": two processes training alone at the same time, summed)")
+    lines.append("(each variant trains with a lesson's code: " + "; ".join(
+        f"{', '.join(v for v in columns if LESSONS[v] == name)}: {name}" for name in dict.fromkeys(LESSONS[v] for v in columns))
+        + "; tuned: " + ", ".join(f"{k}={v}" for k, v in TUNED.items()) + "; Horovod over Gloo, fp16: "
+        "hvd.Compression.fp16; jax: Keras 3 on JAX, DataParallel; " + CEILING + ": two processes training alone "
+        "at the same time, summed)")
     lines.append("")
     for key, goal in report.get("goals", {}).items():
         lines.append(f"{key:<21} {goal['value']:>10.2f}  goal {goal['target']:<8} "

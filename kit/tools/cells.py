@@ -54,3 +54,18 @@ def run_tagged(notebook: str | os.PathLike, tag: str, namespace: dict[str, Any] 
         linecache.cache[name] = (len(cell["source"]), None, lines, name)   # as IPython keeps a cell's source
         exec(compile(cell["source"], name, "exec"), namespace)
     return namespace
+
+
+def lesson(name: str, tag: str = "lesson") -> dict[str, Any]:
+    """The functions of the cells tagged ``tag`` (``lesson``: its ``main.py``) of the kit's notebook ``name`` (e.g.
+    ``01-single-vs-multi-worker``), run as :func:`run_tagged` runs them, so that a run sends them to the engines by
+    value. What the cells set in ``os.environ`` (which Keras) stays in them: a cluster's ``keras`` option decides
+    on its tasks. The benchmark, ``kit compat``, the fault trials and the tests train with these."""
+    from .export import notebooks_dir
+
+    kept = dict(os.environ)
+    try:
+        return run_tagged(notebooks_dir() / f"{name}.ipynb", tag)
+    finally:
+        os.environ.clear()
+        os.environ.update(kept)

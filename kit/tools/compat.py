@@ -3,7 +3,9 @@
 Each combination of Keras (tf-keras, Keras 3) × strategy (default, MirroredStrategy,
 MultiWorkerMirroredStrategy, ParameterServerStrategy) × training API (``model.fit``, custom
 loop) is *run* on a :class:`kit.TFCluster` started with ``keras="tf-keras"`` or ``keras="keras3"``,
-for a few steps of the kit's MNIST CNN; the outcome is "ok" or the error's first line.
+for a few steps of a lesson's own training function (its cells tagged ``lesson``, what ``kit export``
+writes as main.py): notebook 06's ``train`` / ``train_with_fit``, or for ParameterServerStrategy
+notebook 07's ``train`` / ``train_fit``. The outcome is "ok" or the error's first line.
 
     python -m kit.tools.compat --out docs/keras-compatibility.md
 
@@ -16,15 +18,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..core.errors import ClusterError, KitError, WorkerError, first_line
 from ..core.files import write_atomic
-from ..train.strategies import STRATEGIES
+from ..train.strategies import STRATEGIES, build_strategy
+from .cells import lesson as lesson_code
 
 if TYPE_CHECKING:
     from ..core.cluster import TFCluster
@@ -85,33 +90,60 @@ def signature(error: str) -> str:
     return " ".join(_escape(error).strip().strip("'").split()[:5])
 
 
-def attempt(strategy: str, mode: str, steps: int = DEFAULT_STEPS) -> dict[str, Any]:
-    """On a task: train ``steps`` steps with ``strategy`` and ``mode``; never raises.
+#: The lesson notebook that trains under each strategy, and its function for each mode.
+LESSON_06 = ("06-custom-training-loop", {"custom_loop": "train", "fit": "train_with_fit"})
+LESSONS = {"default": LESSON_06, "mirrored": LESSON_06, "multi_worker_mirrored": LESSON_06,
+           "parameter_server": ("07-parameter-server", {"custom_loop": "train", "fit": "train_fit"})}
 
-    Returns ``{"ok", "error", "seconds", "keras"}``. For ``default`` and ``mirrored`` the CPU is
-    first split into :data:`LOGICAL_CPUS` logical devices (this must be the process's first
-    TensorFlow work); for ``parameter_server`` this runs on the chief, with the servers started.
+
+def lesson(strategy: str, mode: str) -> tuple[dict[str, Any], Callable]:
+    """The lesson's namespace (its cells tagged ``lesson``, run in the kernel: they only define) and its
+    function that trains under ``strategy`` with ``mode``.
+
+    Notebook 06's ``make_strategy`` builds MirroredStrategy or MultiWorkerMirroredStrategy; for ``default``
+    the namespace's ``make_strategy`` also gives the default strategy (:func:`_or_default`).
+    """
+    notebook, functions = LESSONS[strategy]
+    code = lesson_code(notebook)
+    if strategy != "parameter_server":
+        code["make_strategy"] = functools.partial(_or_default, code["make_strategy"])
+    return code, code[functions[mode]]
+
+
+def _or_default(make_strategy: Callable, name: str, logical_cpus: int) -> Any:
+    """On a task: ``tf.distribute.get_strategy()`` for ``name="default"``, else the lesson's ``make_strategy``."""
+    return build_strategy("default") if name == "default" else make_strategy(name, logical_cpus)
+
+
+def arguments(strategy: str, mode: str, steps: int, checkpoint_dir: str) -> dict[str, Any]:
+    """The lesson function's arguments for one combination (besides ``mnist_path``, set on the task):
+    one epoch of ``steps`` steps of 16 examples per replica (or worker), out of 512."""
+    if strategy == "parameter_server":  # 07: variables not partitioned; its custom loop evaluates inline
+        found = dict(epochs=1, steps_per_epoch=steps, per_worker_batch=16, examples=512, learning_rate=0.05,
+                     max_shards=1, min_shard_bytes=256 << 10)
+        return {**found, "eval_steps": 1} if mode == "custom_loop" else found
+    found = dict(per_replica_batch_size=16, epochs=1, steps_per_epoch=steps, learning_rate=0.05, l2=1e-4,
+                 examples=512, eval_steps=1, logical_cpus=LOGICAL_CPUS, seed=42, strategy_name=strategy)
+    return {**found, "checkpoint_dir": checkpoint_dir} if mode == "custom_loop" else found
+
+
+def attempt(train: Callable, kwargs: dict[str, Any], logical_cpus: int = 0) -> dict[str, Any]:
+    """On a task: ``train(**kwargs)`` (a lesson's function), with the kit's MNIST; never raises.
+
+    Returns ``{"ok", "error", "seconds", "keras"}``. With ``logical_cpus`` the CPU is first split
+    into that many logical devices (this must be the process's first TensorFlow work: the default
+    strategy and MirroredStrategy share a process, and MirroredStrategy needs the split).
     """
     from ..train._tf import keras_flavour
+    from ..train.data import mnist_path
 
     started = time.perf_counter()
     try:
-        if strategy == "parameter_server":
-            from ..train import ps
-            if mode == "fit":
-                ps.train_fit(epochs=1, steps_per_epoch=steps, per_worker_batch=16, examples=512,
-                             max_shards=1)
-            else:
-                ps.train_custom_loop(steps=steps, per_worker_batch=16, examples=512, max_shards=1)
-        else:
-            from ..train import custom_loop
-            if strategy in ("default", "mirrored"):
-                from ..train.mirrored import split_cpu
+        if logical_cpus:
+            from ..train.mirrored import split_cpu
 
-                split_cpu(LOGICAL_CPUS)
-            train = custom_loop.train_fit if mode == "fit" else custom_loop.train_loop
-            train(strategy=strategy, per_replica_batch=16, epochs=1, steps_per_epoch=steps,
-                  eval_steps=1, logical_cpus=LOGICAL_CPUS)
+            split_cpu(logical_cpus)
+        train(**kwargs, mnist_path=str(mnist_path()))
         ok, error = True, ""
     except Exception as e:  # the outcome *is* the error: record it, do not raise
         ok, error = False, first_line(e, ERROR_CHARS)
@@ -123,25 +155,31 @@ def run_on_cluster(cluster: "TFCluster", strategy: str, mode: str, steps: int = 
                    timeout: float = DEFAULT_TIMEOUT) -> Outcome:
     """Run one combination on a started cluster of the strategy's topology (its Keras choice).
 
-    A timeout or a lost task is recorded as the outcome, and the cluster is restarted so that
-    the next combination starts from fresh processes.
+    The lesson's cells run in this process, which never imports TensorFlow; each task's Keras is
+    the one its process started with (``TF_USE_LEGACY_KERAS`` from ``TFCluster(keras=)``), checked
+    against the cluster's. A timeout or a lost task is recorded as the outcome, and the cluster is
+    restarted so that the next combination starts from fresh processes.
     """
     keras = cluster.options.keras
-    if strategy == "parameter_server":
-        from ..train.ps import start_server
+    code, train = lesson(strategy, mode)
+    if strategy == "parameter_server":  # 07's servers, kept serving beside the engines; the chief coordinates
+        from ..train.ps import serve
 
         servers = [n for n in cluster.task_names if n != "chief:0"]
-        cluster.with_options(tasks=servers, stream=False).run(start_server)
+        cluster.with_options(tasks=servers, stream=False).run(serve, code["start_server"])
         tasks = ["chief:0"]
     else:
         tasks = cluster.task_names
+    split = LOGICAL_CPUS if strategy in ("default", "mirrored") else 0
     started = time.perf_counter()
-    try:
-        results = cluster.with_options(tasks=tasks, timeout=timeout, stream=False).run(attempt, strategy, mode,
-                                                                                    steps)
-    except (ClusterError, WorkerError) as e:
-        cluster.restart()
-        return Outcome(keras, strategy, mode, False, first_line(e, ERROR_CHARS), time.perf_counter() - started)
+    with tempfile.TemporaryDirectory(prefix="kit-compat-", ignore_cleanup_errors=True) as scratch:
+        kwargs = arguments(strategy, mode, steps, f"{scratch}/ckpt")  # a fresh checkpoint: nothing to restore
+        try:
+            results = cluster.with_options(tasks=tasks, timeout=timeout, stream=False).run(attempt, train, kwargs,
+                                                                                        split)
+        except (ClusterError, WorkerError) as e:
+            cluster.restart()
+            return Outcome(keras, strategy, mode, False, first_line(e, ERROR_CHARS), time.perf_counter() - started)
     failed = [r for r in results if not r["ok"]]
     flavours = {r["keras"] for r in results}
     if flavours != {keras}:
@@ -234,9 +272,9 @@ def to_markdown(outcomes: list[Outcome], steps: int = DEFAULT_STEPS,
     return "\n".join([
         "# Keras compatibility, measured",
         "",
-        "Which Keras trains the kit's MNIST CNN under which `tf.distribute` strategy, with `model.fit` "
-        "and with a custom training loop. Every cell comes from running that combination; a failure "
-        "shows the first line of its error.",
+        "Which Keras trains the lessons' MNIST CNN under which `tf.distribute` strategy, with `model.fit` "
+        "and with a custom training loop. Every cell comes from running that combination of a lesson's own "
+        "code; a failure shows the first line of its error.",
         "",
         "| strategy | training | " + " | ".join(keras) + " |",
         "|---|---|" + "---|" * len(keras),
@@ -248,14 +286,17 @@ def to_markdown(outcomes: list[Outcome], steps: int = DEFAULT_STEPS,
         "",
         f"`{command}` ({when.isoformat()}{took}). "
         "For each Keras choice it starts a `kit.TFCluster` with `keras=\"tf-keras\"` "
-        "(`TF_USE_LEGACY_KERAS=1`) or `keras=\"keras3\"` (`TF_USE_LEGACY_KERAS=0`) and runs "
-        f"`kit.tools.compat.attempt` for {steps} steps: `kit.train.custom_loop.train_loop` / `train_fit` for the "
-        "default strategy and MirroredStrategy (one task, the CPU split into "
-        f"{LOGICAL_CPUS} logical devices) and for MultiWorkerMirroredStrategy (2 workers), "
-        "`kit.train.ps.train_custom_loop` / `train_fit` for ParameterServerStrategy (chief, 2 workers, "
-        "1 ps; variables not partitioned; `fit` gets a `DatasetCreator`, or with Keras 3, which has "
-        "none, the dataset itself). \"ok\" means the steps ran without an error; it does not check "
-        "the losses. Strategies with the same cluster layout "
+        "(`TF_USE_LEGACY_KERAS=1`) or `keras=\"keras3\"` (`TF_USE_LEGACY_KERAS=0`) and runs, through "
+        f"`kit.tools.compat.attempt`, one epoch of {steps} steps of a lesson's own training function (its cells "
+        "tagged `lesson`, what `kit export` writes as main.py, loaded with `kit.tools.cells.lesson`): "
+        "notebook 06's `train` (custom loop) / `train_with_fit` (`model.fit`) for the default strategy and "
+        f"MirroredStrategy (one task, the CPU split into {LOGICAL_CPUS} logical devices; 06 builds no default "
+        "strategy, so there its `make_strategy` gives `tf.distribute.get_strategy()`) and for "
+        "MultiWorkerMirroredStrategy (2 workers); notebook 07's `train` (custom loop, a `ClusterCoordinator`) / "
+        "`train_fit` (`model.fit` with a `DatasetCreator`, which Keras 3 does not have) on the chief for "
+        "ParameterServerStrategy (chief, 2 workers and 1 ps serving 07's `start_server`; variables not "
+        "partitioned). \"ok\" means the steps "
+        "ran without an error; it does not check the losses. Strategies with the same cluster layout "
         "share its processes; each process runs the custom loop first, then `model.fit`. "
         "`tests/test_keras_compat.py` re-runs the MultiWorkerMirroredStrategy rows and checks them "
         "against this file.",

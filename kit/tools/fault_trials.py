@@ -2,11 +2,11 @@
 
     python -m kit.tools.fault_trials --trials 10 --out out/fault-trials
 
-Each trial starts a fresh cluster, trains with ``BackupAndRestore`` under a supervised run
-(``max_failures``), kills one task (SIGKILL) at a random global step from inside that task, and
-records from the journal: did the run complete with exactly the requested epochs, how many steps
-were redone, and how long from the kill to the first step after the resume. After each trial it
-counts the kit's processes still alive (expected: none).
+Each trial starts a fresh cluster, runs notebook 05's lesson ``train`` (``BackupAndRestore``, from the
+notebook's cells tagged ``lesson``: :func:`run_lesson`) under a supervised run (``max_failures``), kills one
+task (SIGKILL) at a random global step from inside that task, and records from the journal: did the run
+complete with exactly the requested epochs, how many steps were redone, and how long from the kill to the
+first step after the resume. After each trial it counts the kit's processes still alive (expected: none).
 """
 
 from __future__ import annotations
@@ -15,15 +15,43 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..core.files import write_atomic
-from ..train import resilience
+from ..train import data, resilience, watch
+from ..train.progress import OnTask
+from . import cells
+
+#: The lesson the trials run: notebook 05's ``train``, tf-keras ``BackupAndRestore``.
+LESSON = "05-fault-tolerance"
+
+
+def run_lesson(runner: Any, run_dir: str | Path, *, epochs: int, steps_per_epoch: int,
+               save_freq: int | str = "epoch", kill_task: str | None = None, kill_at_step: int | None = None,
+               kill_signal: int = signal.SIGKILL, kill_command: Sequence[str] | None = None,
+               callbacks: Sequence[Any] = (), per_worker_batch: int = 64, examples: int = 8192,
+               learning_rate: float = 0.01, seed: int = 42) -> list[dict[str, Any]]:
+    """Notebook 05's lesson ``train`` on ``runner`` (a TFCluster, or ``cluster.with_options(...)``), resumable
+    from ``run_dir/backup``; what the kit measures goes in as callbacks built on each task, as the notebook
+    passes them: :func:`kit.train.watch.watcher` (the journal in ``run_dir``, and the live view), and, with
+    ``kill_task``/``kill_at_step``, :func:`kit.train.resilience.kill_at_step_callback` (``kill_signal``, or
+    ``kill_command`` run there; after the chief journaled that step), then ``callbacks``. Returns the lesson's
+    results (``loss``, ``epochs_run``, ``global_step`` of the last attempt), in task order."""
+    tasks = getattr(runner, "cluster", runner).task_names  # the chief first (chief:0, else worker:0)
+    measure = [OnTask(watch.watcher, str(run_dir), per_worker_batch * len(tasks))]
+    if kill_task is not None and kill_at_step is not None:
+        measure.append(OnTask(resilience.kill_at_step_callback, str(run_dir), kill_task, kill_at_step, kill_signal,
+                              after_task=tasks[0], command=kill_command))
+    return runner.run(cells.lesson(LESSON)["train"], str(Path(run_dir) / "backup"), per_worker_batch, epochs, steps_per_epoch,
+                      save_freq, learning_rate, examples, mnist_path=str(data.mnist_path()), seed=seed,
+                      callbacks=[*measure, *callbacks])
 
 
 def kill_trial(run_dir: str, layout: dict[str, Any], victim: str, kill_step: int, epochs: int,
@@ -34,8 +62,8 @@ def kill_trial(run_dir: str, layout: dict[str, Any], victim: str, kill_step: int
     started = time.time()
     with TFCluster(**layout) as cluster:
         supervised = cluster.with_options(max_failures=max_failures, stream=False)
-        results = supervised.run(resilience.train_resumable, run_dir, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                                 save_freq=save_freq, kill_task=victim, kill_at_global_step=kill_step, verbose=0)
+        results = run_lesson(supervised, run_dir, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                             save_freq=save_freq, kill_task=victim, kill_at_step=kill_step)
         failures = list(cluster.failures)
         tasks = cluster.task_names
     leftovers = kit_processes(os.getpid())

@@ -1,16 +1,16 @@
 """Start-up beside a plain launch: ``kit bench --only launch``.
 
-The same training (the seeds' MNIST example, :func:`kit.train.fit.train_mnist`: 3 epochs x 70 steps at
-64 per worker) launched two ways, interleaved, on one clock (``time.time()``):
+The same training (notebook 01's lesson, its ``train``: 3 epochs x 70 steps at 64 per worker) launched two ways,
+interleaved, on one clock (``time.time()``):
 
 - *plain*: ``workers`` ``python`` processes with TF_CONFIG, as TensorFlow's tutorial starts them
   (``python main.py &``), each in the same kind of private network namespace the kit's tasks get, with
   the environment the kit gives its tasks (threads, Keras choice, malloc arenas);
-- *kit*: ``with kit.TFCluster(workers=...) as cluster: cluster.run(train_mnist)``.
+- *kit*: ``with kit.TFCluster(workers=...) as cluster: cluster.run(train, ...)``.
 
 Each run reports, per worker, seconds from the launch (the ``Popen`` calls; entering ``TFCluster``)
-to TensorFlow imported (with tf-keras, on the kit's preloading engines), to the strategy built (the
-workers have met), to the model compiled, to the end of the first training step, and to the last one. The goal
+to TensorFlow imported (with tf-keras, on the kit's preloading engines), to ``fit`` beginning (the strategy
+built, the workers met, the model compiled), to the end of the first training step, and to the last one. The goal
 (docs/performance.md): the kit's first step within 1 s of the plain launch's.
 """
 
@@ -29,40 +29,43 @@ from typing import Any, Callable
 from ..core.errors import KitError
 
 #: What the probe records on each worker, in order.
-MARKS = ("imported", "strategy", "model", "first_step", "last_step", "returned")
+MARKS = ("imported", "fit_begins", "first_step", "last_step", "returned")
+LESSON = "01-single-vs-multi-worker"
 
 
-def probe(per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: int = 70, seed: int = 42) -> dict[str, Any]:
-    """On a task: import TensorFlow, train the seeds' example (as :func:`kit.train.fit.train_mnist` does),
-    and return when each of :data:`MARKS` was passed, with the losses."""
+def probe(train: Callable, per_worker_batch: int = 64, epochs: int = 3, steps_per_epoch: int = 70, seed: int = 1,
+          mnist_path: str | None = None) -> dict[str, Any]:
+    """On a task: import TensorFlow, then run the lesson's ``train`` with a callback that marks when ``fit`` begins,
+    its first and its last step; return when each of :data:`MARKS` was passed, with the losses. MNIST: the kit's
+    copy unless ``mnist_path`` says otherwise."""
     from ..train._tf import import_tensorflow
+    from ..train.data import mnist_path as bundled
 
     tf = import_tensorflow()
     marks = {"imported": time.time()}
-    from ..train import data, models
-    from ..train.strategies import build_strategy
-
-    tf.keras.utils.set_random_seed(seed)
-    strategy = build_strategy("multi_worker_mirrored")
-    marks["strategy"] = time.time()
-    dataset = data.mnist_dataset(per_worker_batch * strategy.num_replicas_in_sync, shuffle_seed=seed)
-    with strategy.scope():
-        model = models.build_and_compile_cnn_model()
-    marks["model"] = time.time()
 
     class Marks(tf.keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            marks["fit_begins"] = time.time()
+
         def on_train_batch_end(self, batch, logs=None):
             marks.setdefault("first_step", time.time())
             marks["last_step"] = time.time()
 
-    history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=0, callbacks=[Marks()])
+    history = train(per_worker_batch, epochs, steps_per_epoch, str(bundled(mnist_path)), seed, callbacks=[Marks()])
     marks["returned"] = time.time()
-    return {"marks": marks, "loss": history.history["loss"]}
+    return {"marks": marks, "loss": history["loss"]}
+
+
+def _lesson_train() -> Callable:
+    from .cells import lesson
+
+    return lesson(LESSON)["train"]
 
 
 def plain_main() -> None:
-    """A plain worker: the probe, its result as one JSON line on stdout."""
-    print(json.dumps(probe(**json.loads(os.environ["KIT_PROBE_ARGS"]))), flush=True)
+    """A plain worker: the probe, its result as one JSON line on stdout (the last)."""
+    print(json.dumps(probe(_lesson_train(), **json.loads(os.environ["KIT_PROBE_ARGS"]))), flush=True)
 
 
 def plain_launch(workers: int = 2, **kwargs: Any) -> list[dict[str, float]]:
@@ -102,7 +105,7 @@ def kit_launch(workers: int = 2, preload: bool = True, **kwargs: Any) -> list[di
 
     launched = time.time()
     with TFCluster(workers=workers, preload=preload) as cluster:
-        results = cluster.with_options(stream=False).run(probe, **kwargs)
+        results = cluster.with_options(stream=False).run(probe, _lesson_train(), **kwargs)
     return [_since(launched, r["marks"]) for r in results]
 
 

@@ -52,7 +52,7 @@ def _speed(workers: int, link: str | None, model: str, dtype: str, batch: int, s
     strategy = "default" if workers == 1 else "multi_worker_mirrored"
     with TFCluster(workers=workers, threads=1, link=link) as cluster:
         rows = cluster.with_options(stream=False).run(
-            train_mnist, per_worker_batch=batch, epochs=2, steps_per_epoch=steps, strategy=strategy, verbose=0,
+            train_mnist, per_worker_batch=batch, epochs=2, steps_per_epoch=steps, strategy=strategy,
             architecture=model, gradient_compression="fp16" if dtype == "float16" else "none")
     if rows[0]["parameters"] != PARAMETERS[model]:
         raise KitError(f"{model} has {rows[0]['parameters']} parameters, not {PARAMETERS[model]}",

@@ -5,13 +5,14 @@
   trains under (one per process).
 - :mod:`.progress`: progress reports for the live view (``callback``, ``Meter``).
 - :mod:`.probes`: what a task can observe (TensorFlow's log, devices, files, TensorBoard).
-- Recipes the benchmark, the Keras check, the fault trials and the tests call: :mod:`.fit`, :mod:`.mirrored`,
-  :mod:`.multiworker`, :mod:`.custom_loop`, :mod:`.ps`, :mod:`.resilience`,
-  :mod:`.checkpoints`, :mod:`.scaling`, :mod:`.horovod_fit`,
-  :mod:`.jax_fit` (Keras 3 on JAX: no TensorFlow), :mod:`.links`; :mod:`.batch_size` is the kernel's side of
-  notebooks 10 and 10b (numpy only). Notebooks hold the lesson's code in cells and call pieces of some of these
-  (``mirrored``, ``resilience``, ``scaling``, ``batch_size``), and :mod:`.sharding` (notebook 04's files and
-  tables): docs/architecture.md lists which notebook calls which.
+- The lessons' training code is in their notebooks' cells tagged ``lesson`` (what ``kit export`` writes), and
+  the benchmark, ``kit compat``, the fault trials and the tests run it from there (:func:`kit.tools.cells.lesson`).
+  What is here is what the kit brings to a task from outside a lesson: measurement (:mod:`.progress`,
+  :mod:`.probes`, :mod:`.mirrored_probes`, :mod:`.watch`, :mod:`.links`, :mod:`.outcomes`), faults and their
+  journal (:mod:`.resilience`), notebook 07's servers and observers (:mod:`.ps`), notebook 04's files
+  (:mod:`.sharding`), the kernel's side of notebooks 08, 10 and 10b (:mod:`.scaling`, :mod:`.batch_size`, plain
+  Python), and :mod:`.fit`, the links benchmark's training of a model no lesson has (its pooled variant).
+  docs/architecture.md lists which notebook calls which.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The all-reduce on its own, timed on every worker: what one step's gradient costs on the link between hosts.
 
 Run on every task of a MultiWorkerMirroredStrategy cluster (``cluster.run(time_all_reduce, floats)``), with
-or without emulated links (``kit.TFCluster(link=...)``, :mod:`kit.core.links`). Horovod's counterpart is
-:func:`kit.train.horovod_fit.time_all_reduce`.
+or without emulated links (``kit.TFCluster(link=...)``, :mod:`kit.core.links`).
 """
 
 from __future__ import annotations

@@ -12,24 +12,18 @@ GRADIENT_COMPRESSION = ("none", "fp16")
 ARCHITECTURES = ("dense", "pooled")
 
 
-def build_and_compile_cnn_model(learning_rate=0.001, gradient_compression: str = "none",
-                                steps_per_execution: int = 1, architecture: str = "dense"):
+def build_and_compile_cnn_model(learning_rate=0.001, gradient_compression: str = "none", architecture: str = "dense"):
     """The TF multi-worker tutorial's CNN: Reshape, Conv2D(32, 3), Dense(128), Dense(10), SGD.
 
     Build it inside ``strategy.scope()`` to distribute its variables. ``gradient_compression="fp16"``
     sums the gradients across workers in float16 (half the bytes through gRPC; see
-    :func:`half_precision_allreduce`); ``steps_per_execution`` runs that many steps per call into
-    TensorFlow (fewer Python round trips; callbacks see one batch per execution). ``architecture``:
-    see :data:`ARCHITECTURES`.
+    :func:`half_precision_allreduce`). ``architecture``: see :data:`ARCHITECTURES`.
     """
     if architecture not in ARCHITECTURES:
         raise OptionError("architecture", f"{architecture!r} is unknown", f"use one of {', '.join(ARCHITECTURES)}")
     if gradient_compression not in GRADIENT_COMPRESSION:
         raise OptionError("gradient_compression", f"{gradient_compression!r} is unknown",
                           f"use one of {', '.join(map(repr, GRADIENT_COMPRESSION))}")
-    if not isinstance(steps_per_execution, int) or steps_per_execution < 1:
-        raise OptionError("steps_per_execution", f"{steps_per_execution!r} is not a whole number >= 1",
-                          "give 1 (one step per call) or more")
     tf = import_tensorflow()
     optimizer_class = tf.keras.optimizers.SGD
     if gradient_compression == "fp16":
@@ -46,7 +40,6 @@ def build_and_compile_cnn_model(learning_rate=0.001, gradient_compression: str =
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         optimizer=optimizer_class(learning_rate=learning_rate),
         metrics=["accuracy"],
-        steps_per_execution=steps_per_execution,
     )
     return model
 

@@ -1,9 +1,11 @@
-"""Fault tolerance on the workers: injected failures, a step journal, and resumable training.
+"""Fault tolerance on the workers: injected failures and a step journal, around the lessons' training.
 
-Everything here runs on the engines. A run keeps its state in a *run directory* that every task
-can reach (one machine: any folder; several hosts: a shared file system):
+The training itself is the lessons' (notebook 05's ``train``, ``train_preemptible``; notebook 07's pieces):
+what the kit measures goes in from outside, as Keras callbacks (:func:`kit.train.watch.watcher` journals,
+:func:`kill_at_step_callback` kills). A run keeps its state in a *run directory* that every task can reach
+(one machine: any folder; several hosts: a shared file system):
 
-- ``backup/``: Keras ``BackupAndRestore`` (tf-keras has the chief/worker logic: the chief writes
+- ``backup/``: the lesson's Keras ``BackupAndRestore`` (tf-keras has the chief/worker logic: the chief writes
   here, the other workers write temporary copies that are deleted);
 - ``journal/<task>.jsonl``: one line per training step and per (re)start, so that what a
   failure cost (steps redone, time to resume) can be measured after the fact;
@@ -21,15 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import progress
 from ._tf import import_tensorflow
-from .strategies import build_strategy
 from ..core.errors import KitError
 from ..core.tfconfig import this_task
-
-
-class Preempted(RuntimeError):
-    """Raised on every worker after PreemptionCheckpointHandler saved for a preemption."""
 
 
 def chief_task() -> str:
@@ -191,70 +187,6 @@ def kill_at_step_callback(run_dir: str | os.PathLike, task: str, global_step: in
     return KillAtStep()
 
 
-def journal_callback(journal: Journal):
-    """A Keras callback that journals every step (global step, loss) and epoch end.
-
-    The step's loss is tf-keras's per-batch log divided by the replicas it summed over
-    (:func:`kit.train.progress.summed_replicas_of`), so it is on the epoch losses' scale.
-    """
-    tf = import_tensorflow()
-
-    class JournalCallback(tf.keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            self.summed = progress.summed_replicas_of(self.model)
-            journal.write("start", initial_step=int(self.model.optimizer.iterations.numpy()))
-
-        def on_train_batch_end(self, batch, logs=None):
-            journal.write("step", global_step=int(self.model.optimizer.iterations.numpy()),
-                          loss=float(logs["loss"]) / self.summed)
-
-        def on_epoch_end(self, epoch, logs=None):
-            journal.write("epoch_end", epoch=int(epoch), loss=float(logs["loss"]),
-                          global_step=int(self.model.optimizer.iterations.numpy()))
-
-        def on_train_end(self, logs=None):
-            journal.write("end", global_step=int(self.model.optimizer.iterations.numpy()))
-
-    return JournalCallback()
-
-
-# ----- resumable training --------------------------------------------------------------------------
-def train_resumable(run_dir: str, per_worker_batch: int = 64, epochs: int = 4, steps_per_epoch: int = 20,
-                    save_freq: str | int = "epoch", kill_task: str | None = None,
-                    kill_at_global_step: int | None = None, kill_signal: int = signals.SIGKILL,
-                    learning_rate: float = 0.001, seed: int = 42, verbose: int = 0,
-                    kill_command: Sequence[str] | None = None) -> dict[str, Any]:
-    """The seeds' example under MultiWorkerMirroredStrategy, resumable with ``BackupAndRestore``.
-
-    Call it again after a failure (``cluster.with_options(max_failures=2).run(train_resumable, ...)``): it
-    resumes from the last backup in ``run_dir/backup`` (per epoch, or every ``save_freq`` steps).
-    ``kill_task``/``kill_at_global_step`` inject one failure (``kill_signal``, or ``kill_command`` run there, e.g.
-    ``["scancel", "$SLURM_JOB_ID"]``: :func:`kill_at_step_callback`). Returns this attempt's history.
-    """
-    tf = import_tensorflow()
-    from . import data, models
-    tf.keras.utils.set_random_seed(seed)
-    strategy = build_strategy("multi_worker_mirrored")  # one per process (kit.train.strategies says why)
-    workers = strategy.num_replicas_in_sync
-    journal = Journal(run_dir)
-    dataset = data.mnist_dataset(per_worker_batch * workers, shuffle_seed=seed)
-    with strategy.scope():
-        model = models.build_and_compile_cnn_model(learning_rate=learning_rate)
-    callbacks = [
-        tf.keras.callbacks.BackupAndRestore(backup_dir=str(Path(run_dir) / "backup"), save_freq=save_freq),
-        journal_callback(journal),
-        progress.callback(per_worker_batch * workers),  # the notebook's live view
-    ]
-    if kill_task is not None and kill_at_global_step is not None:
-        callbacks.append(kill_at_step_callback(run_dir, kill_task, kill_at_global_step, kill_signal,
-                                               after_task=chief_task(), command=kill_command))
-    history = model.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=verbose,
-                        callbacks=callbacks)
-    return {"task": this_task(), "attempt": journal.attempt, "epochs_run": list(history.epoch),
-            "loss": [float(v) for v in history.history["loss"]],
-            "global_step": int(model.optimizer.iterations.numpy())}
-
-
 def remove_backup_dir(run_dir: str | os.PathLike) -> None:
     """After a finished run: remove ``run_dir/backup``, which BackupAndRestore left empty.
 
@@ -272,111 +204,47 @@ def remove_backup_dir(run_dir: str | os.PathLike) -> None:
     backup.rmdir()
 
 
-# ----- preemption: all workers save at the same step ----------------------------------------------
-def _raise_preempted() -> None:
-    raise Preempted("PreemptionCheckpointHandler saved a checkpoint for a preemption; "
-                    "restart the cluster to resume")
+# ----- ParameterServerStrategy: a lost ps restarts the run from a checkpoint ---------------------
+#: The functions of notebook 07's lesson that :func:`train_parameter_server` builds its loop from.
+PS_LESSON_FUNCTIONS = ("load_mnist", "make_strategy", "build_and_compile_cnn_model", "make_dataset_fn", "make_step_fn")
 
 
-def train_preemptible(run_dir: str, total_steps: int = 60, per_worker_batch: int = 64,
-                      preempt_task: str | None = None, preempt_at_step: int | None = None,
-                      learning_rate: float = 0.01, seed: int = 42) -> dict[str, Any]:
-    """A custom loop under ``PreemptionCheckpointHandler``: a SIGTERM on one worker makes every
-    worker save a checkpoint at the same step and raise :class:`Preempted`; called again, the loop
-    restores it and continues at exactly that step (``handler.total_run_calls``).
-
-    ``preempt_task``/``preempt_at_step`` send that SIGTERM once, from inside the worker.
-    """
-    tf = import_tensorflow()
-    from . import data, models
-    tf.keras.utils.set_random_seed(seed)
-    strategy = build_strategy("multi_worker_mirrored")  # one per process (kit.train.strategies says why)
-    journal = Journal(run_dir)
-    global_batch = per_worker_batch * strategy.num_replicas_in_sync
-    with strategy.scope():
-        model = models.build_and_compile_cnn_model(learning_rate=learning_rate)
-        optimizer = model.optimizer
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    handler = tf.distribute.experimental.PreemptionCheckpointHandler(
-        strategy.cluster_resolver, checkpoint, str(Path(run_dir) / "checkpoints"),
-        termination_config=tf.distribute.experimental.TerminationConfig(exit_fn=_raise_preempted))
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True,
-                                                            reduction=tf.keras.losses.Reduction.NONE)
-    iterator = iter(strategy.experimental_distribute_dataset(
-        data.mnist_dataset(global_batch, shuffle_seed=seed)))
-
-    @tf.function
-    def train_step(iterator):
-        def step(images, labels):
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(loss_fn(labels, model(images, training=True)),
-                                                  global_batch_size=global_batch)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        per_replica = strategy.run(step, args=next(iterator))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-    first = handler.total_run_calls
-    journal.write("start", initial_step=int(first))
-    meter = progress.Meter(global_batch).begin(steps=total_steps)  # the notebook's live view
-    while handler.total_run_calls < total_steps:
-        step_number = int(handler.total_run_calls) + 1
-        if (preempt_task == this_task() and step_number == preempt_at_step
-                and fire_once(run_dir, f"sigterm-{preempt_task}-{step_number}")):
-            journal.write("kill", global_step=step_number - 1, signal=int(signals.SIGTERM))
-            os.kill(os.getpid(), signals.SIGTERM)
-        loss = handler.run(train_step, iterator)
-        journal.write("step", global_step=int(handler.total_run_calls), loss=float(loss))
-        meter.step(None, int(handler.total_run_calls), float(loss), force=handler.total_run_calls == total_steps)
-    journal.write("end", global_step=int(handler.total_run_calls))
-    return {"task": this_task(), "attempt": journal.attempt, "first_step": int(first),
-            "global_step": int(handler.total_run_calls),
-            "optimizer_iterations": int(optimizer.iterations.numpy())}
-
-
-# ----- ParameterServerStrategy: lost workers are rescheduled, a lost ps restarts the run ----------
-def train_parameter_server(run_dir: str, steps: int = 60, per_worker_batch: int = 32,
+def train_parameter_server(run_dir: str, lesson: dict[str, Any], steps: int = 40, per_worker_batch: int = 32,
                            checkpoint_every: int = 10, kill_pid: int | None = None,
-                           kill_after_step: int | None = None, learning_rate: float = 0.05,
-                           seed: int = 42) -> dict[str, Any]:
-    """On the chief: schedule ``steps`` steps in chunks of ``checkpoint_every``, checkpointing after
-    each chunk and resuming from the latest checkpoint when called again.
+                           kill_after_step: int | None = None, learning_rate: float = 0.05, examples: int = 2048,
+                           max_shards: int = 2, min_shard_bytes: int = 256 << 10,
+                           mnist_path: str | None = None) -> dict[str, Any]:
+    """On the chief: notebook 07's model, data and step (``lesson``: its functions :data:`PS_LESSON_FUNCTIONS`),
+    scheduled ``steps`` times in chunks of ``checkpoint_every``, with a checkpoint after each chunk, resuming
+    from the latest checkpoint when called again. The lesson has no such resume (its exercise 3 loses the ps
+    and stops there); this loop is the kit's, for the supervised restart after a lost ps
+    (``cluster.with_options(max_failures=1, on_restart=start_servers).run(...)``).
 
-    ``kill_pid``/``kill_after_step`` SIGKILL one process of this machine (a worker or a ps) once,
-    while the chunk holding that step runs. A lost worker's functions are rescheduled on the other
-    workers by the ``ClusterCoordinator`` — at least once, not exactly once: a function whose update
-    reached the ps before its worker died runs again, so ``model_version`` can exceed ``scheduled`` by
-    the one function each lost worker had in flight. A lost ps makes ``join`` raise, and the supervised run
-    (``cluster.with_options(max_failures=1, on_restart=start_servers).run(...)``) calls this again.
+    ``kill_pid``/``kill_after_step`` SIGKILL one process of this machine (e.g. the ps) once, while the chunk
+    holding that step runs: ``join`` then raises, and the supervised run calls this again.
     """
+    missing = [name for name in PS_LESSON_FUNCTIONS if name not in lesson]
+    if missing:
+        raise KitError(f"lesson= lacks {missing}",
+                       fix="pass the functions of notebook 07's cells tagged lesson "
+                           "(kit.tools.cells.lesson('07-parameter-server'))")
     tf = import_tensorflow()
-    from .custom_loop import build_model
-    from .ps import make_step_fn, mnist_dataset_fn
-
     journal = Journal(run_dir)
-    strategy = build_strategy("parameter_server")
+    strategy = lesson["make_strategy"](max_shards, min_shard_bytes)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    tf.keras.utils.set_random_seed(seed)
+    (x_train, y_train), _ = lesson["load_mnist"](mnist_path)
     with strategy.scope():
-        model = build_model(learning_rate=learning_rate)
-        optimizer = tf.keras.optimizers.SGD(learning_rate=learning_rate)
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        model = lesson["build_and_compile_cnn_model"](learning_rate)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
     manager = tf.train.CheckpointManager(checkpoint, str(Path(run_dir) / "ps-checkpoints"), max_to_keep=2)
     manager.restore_or_initialize()
-    first = int(optimizer.iterations.numpy())
+    first = int(model.optimizer.iterations.numpy())
     journal.write("start", initial_step=first)
-    dataset_fn = mnist_dataset_fn(per_worker_batch, seed=seed)
-
-    @tf.function
-    def per_worker_dataset_fn():
-        return strategy.distribute_datasets_from_function(dataset_fn)
-
+    dataset_fn = lesson["make_dataset_fn"](x_train[:examples], y_train[:examples], per_worker_batch)
+    per_worker_dataset_fn = tf.function(lambda: strategy.distribute_datasets_from_function(dataset_fn))
     iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
-    step_fn = make_step_fn(strategy, model, optimizer)
+    step_fn = lesson["make_step_fn"](strategy, model)
     scheduled = first
-    workers_seen: list[int] = []
     while scheduled < steps:
         chunk = min(checkpoint_every, steps - scheduled)
         remotes = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(chunk)]
@@ -387,14 +255,10 @@ def train_parameter_server(run_dir: str, steps: int = 60, per_worker_batch: int 
             journal.write("kill", global_step=kill_after_step, pid=kill_pid)
             os.kill(kill_pid, signals.SIGKILL)
         coordinator.join()
+        for n, remote in enumerate(remotes, start=scheduled + 1):
+            journal.write("step", global_step=n, loss=float(remote.fetch()))
         scheduled += chunk
-        for remote in remotes:
-            record = remote.fetch()
-            workers_seen.append(int(record["worker"]))
-            journal.write("step", global_step=int(record["after"]), loss=float(record["loss"]),
-                          worker=int(record["worker"]))
         manager.save(checkpoint_number=scheduled)
-    journal.write("end", global_step=int(optimizer.iterations.numpy()))
+    journal.write("end", global_step=int(model.optimizer.iterations.numpy()))
     return {"task": this_task(), "attempt": journal.attempt, "first_step": first,
-            "scheduled": scheduled, "model_version": int(optimizer.iterations.numpy()),
-            "steps_per_worker": {w: workers_seen.count(w) for w in sorted(set(workers_seen))}}
+            "scheduled": scheduled, "model_version": int(model.optimizer.iterations.numpy())}

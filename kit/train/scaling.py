@@ -1,28 +1,20 @@
-"""Learning-rate scaling rules and gradual warmup for large global batches (Goyal et al. 2017).
+"""The kernel's side of notebook 08's study (its lesson, in cells, trains; this reads what it measured).
 
-With synchronous data parallelism the global batch is ``workers × per_worker_batch``: more workers
-mean fewer, larger steps over the same examples. Goyal et al. ("Accurate, Large Minibatch SGD:
-Training ImageNet in 1 Hour", 2017) scale the learning rate with the batch and warm it up:
+- :func:`warmup_learning_rate`: gradual warmup (Goyal et al. 2017, "Accurate, Large Minibatch SGD") in plain
+  Python, to check and draw what the lesson's ``warmup_schedule`` applied;
+- :func:`recorder`: a Keras callback, made on each task, that writes down what each ``fit`` did;
+- the study's tables: :func:`with_records`, :func:`rows_of`, :func:`scaling_efficiency`, :func:`step_times`,
+  :func:`speed_table`; :func:`per_step_losses` and :func:`smooth` for the curves.
 
-- ``none``: keep the base learning rate (fewer steps, each as long as before: training falls behind);
-- ``linear``: multiply it by ``k = global_batch / base_batch`` (k small steps ≈ one large step);
-- ``sqrt``: multiply it by ``√k`` (keeps the gradient noise's variance per example; a milder rule);
-- gradual warmup: start at ``warmup_from`` and ramp linearly to the scaled rate over the first steps,
-  so the early, large-gradient steps do not blow up.
-
-Everything here is plain Python (no TensorFlow) except :func:`warmup_schedule`, which the training
-function calls on the workers.
+Everything here is plain Python (pandas for the tables) except :func:`recorder`, which runs on the tasks.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Sequence
 
 from ..core.errors import KitError, OptionError
-
-RULES = ("none", "linear", "sqrt")
 
 
 def _positive(name: str, value: Any, example: str, whole: bool = False) -> None:
@@ -33,26 +25,6 @@ def _positive(name: str, value: Any, example: str, whole: bool = False) -> None:
         raise OptionError(name, f"{value!r} is not {what}", f"e.g. {name}={example}")
 
 
-def scale_factor(global_batch: int, base_batch: int) -> float:
-    """``k = global_batch / base_batch``: how many base batches one step now holds."""
-    _positive("global_batch", global_batch, "128", whole=True)
-    _positive("base_batch", base_batch, "64", whole=True)
-    return global_batch / base_batch
-
-
-def scaled_learning_rate(base_lr: float, k: float, rule: str) -> float:
-    """The learning rate for a batch ``k`` times the base batch under ``rule`` (none, linear, sqrt)."""
-    _positive("base_lr", base_lr, "0.05")
-    _positive("k", k, "global_batch / base_batch")
-    if rule == "none":
-        return float(base_lr)
-    if rule == "linear":
-        return float(base_lr * k)
-    if rule == "sqrt":
-        return float(base_lr * math.sqrt(k))
-    raise OptionError("lr_rule", f"{rule!r} is not a scaling rule", f"use one of {', '.join(RULES)}")
-
-
 def warmup_learning_rate(step: int, target_lr: float, warmup_steps: int, warmup_from: float = 0.0) -> float:
     """Gradual warmup: ``warmup_from`` at step 0, rising linearly to ``target_lr`` at ``warmup_steps``.
 
@@ -61,110 +33,6 @@ def warmup_learning_rate(step: int, target_lr: float, warmup_steps: int, warmup_
     if warmup_steps <= 0 or step >= warmup_steps:
         return float(target_lr)
     return float(warmup_from + (target_lr - warmup_from) * step / warmup_steps)
-
-
-def warmup_schedule(target_lr: float, warmup_steps: int, warmup_from: float = 0.0):
-    """:func:`warmup_learning_rate` as a Keras ``LearningRateSchedule`` for the optimizer (imports TF)."""
-    from ._tf import import_tensorflow
-
-    tf = import_tensorflow()
-
-    class GradualWarmup(tf.keras.optimizers.schedules.LearningRateSchedule):
-        def __init__(self, target_lr, warmup_steps, warmup_from):
-            self.target_lr = float(target_lr)
-            self.warmup_steps = int(warmup_steps)
-            self.warmup_from = float(warmup_from)
-
-        def __call__(self, step):
-            fraction = tf.minimum(tf.cast(step, tf.float32) / max(self.warmup_steps, 1), 1.0)
-            return self.warmup_from + (self.target_lr - self.warmup_from) * fraction
-
-        def get_config(self):
-            return {"target_lr": self.target_lr, "warmup_steps": self.warmup_steps,
-                    "warmup_from": self.warmup_from}
-
-    return GradualWarmup(target_lr, warmup_steps, warmup_from)
-
-
-@dataclasses.dataclass(frozen=True)
-class Trial:
-    """One point of a scaling study, planned: the batch, the learning rate, the steps.
-
-    Every point trains on the same number of examples (``examples``), so larger global batches take
-    fewer steps — the comparison Goyal et al. make (same epochs, larger batch).
-    """
-
-    workers: int
-    per_worker_batch: int
-    lr_rule: str
-    warmup: bool
-    global_batch: int
-    k: float                 #: global_batch / base_batch
-    learning_rate: float     #: the scaled rate (reached after warmup)
-    warmup_from: float       #: the rate at step 0 when warming up: the unscaled base rate
-    warmup_steps: int
-    epochs: int
-    steps_per_epoch: int
-
-    @property
-    def steps(self) -> int:
-        return self.epochs * self.steps_per_epoch
-
-    @property
-    def examples(self) -> int:
-        """Examples actually seen (the budget rounded to whole steps)."""
-        return self.steps * self.global_batch
-
-    def as_row(self) -> dict[str, Any]:
-        """The plan as columns of a results table."""
-        return {"workers": self.workers, "per_worker_batch": self.per_worker_batch,
-                "lr_rule": self.lr_rule, "warmup": self.warmup, "global_batch": self.global_batch,
-                "k": self.k, "learning_rate": self.learning_rate, "warmup_steps": self.warmup_steps,
-                "steps": self.steps, "examples": self.examples}
-
-    def schedule_key(self) -> tuple:
-        """Equal for trials that train identically (e.g. every rule at k = 1)."""
-        warm = self.warmup_steps if self.warmup_steps and self.warmup_from != self.learning_rate else 0
-        return (self.workers, self.per_worker_batch, self.epochs, self.steps_per_epoch,
-                self.learning_rate, warm, self.warmup_from if warm else None)
-
-    def train_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for :func:`kit.train.fit.train_mnist`."""
-        return {"per_worker_batch": self.per_worker_batch, "epochs": self.epochs,
-                "steps_per_epoch": self.steps_per_epoch, "learning_rate": self.learning_rate,
-                "warmup_steps": self.warmup_steps, "warmup_from": self.warmup_from}
-
-
-def plan(workers: int, per_worker_batch: int, lr_rule: str, *, base_lr: float, base_batch: int,
-         examples: int, warmup: bool = False, warmup_fraction: float = 0.25, epochs: int = 2) -> Trial:
-    """Plan one point: global batch, scaled learning rate, and steps for an ``examples`` budget.
-
-    ``epochs`` splits the steps into equal epochs (the kit measures throughput on the epochs after
-    the first, which includes tracing). With ``warmup`` the rate ramps from ``base_lr`` to the scaled
-    rate over the first ``warmup_fraction`` of the steps (Goyal et al.: 5 of 90 epochs).
-    """
-    _positive("workers", workers, "2", whole=True)
-    _positive("per_worker_batch", per_worker_batch, "64", whole=True)
-    _positive("examples", examples, "8192", whole=True)
-    _positive("epochs", epochs, "2", whole=True)
-    if not isinstance(warmup, bool):
-        raise OptionError("warmup", f"{warmup!r} is not True or False", "warmup=True ramps the rate up")
-    if not (isinstance(warmup_fraction, (int, float)) and 0 <= warmup_fraction < 1):
-        raise OptionError("warmup_fraction", f"{warmup_fraction!r} is not in [0, 1)",
-                          "e.g. warmup_fraction=0.25 warms up over the first quarter of the steps")
-    global_batch = workers * per_worker_batch
-    k = scale_factor(global_batch, base_batch)
-    learning_rate = scaled_learning_rate(base_lr, k, lr_rule)
-    steps_per_epoch = max(1, round(examples / global_batch / epochs))
-    steps = steps_per_epoch * epochs
-    if steps < 2 * epochs:
-        raise OptionError("examples", f"{examples} examples give only {steps} step(s) at global batch "
-                          f"{global_batch}", f"raise examples to at least {2 * epochs * global_batch}")
-    warmup_steps = max(1, round(warmup_fraction * steps)) if warmup and warmup_fraction > 0 else 0
-    return Trial(workers=workers, per_worker_batch=per_worker_batch, lr_rule=lr_rule, warmup=warmup,
-                 global_batch=global_batch, k=k, learning_rate=learning_rate,
-                 warmup_from=float(base_lr), warmup_steps=warmup_steps, epochs=epochs,
-                 steps_per_epoch=steps_per_epoch)
 
 
 def per_step_losses(running_means: Sequence[float], steps_per_epoch: int) -> list[float]:
@@ -333,23 +201,6 @@ def step_times(speed):
                      "ms per step, 1 worker": alone, "ms per step": together, "added ms": together - alone,
                      "efficiency": r["efficiency"]})
     return pd.DataFrame(rows).round(2)
-
-
-def summed_third(strategy, optimizer_class) -> float:
-    """The sum across replicas that ``optimizer_class.aggregate_gradients`` makes of the gradient 1/3 given
-    by every replica (a probe of the optimizer's all-reduce; call on every task; imports TensorFlow)."""
-    from ._tf import import_tensorflow
-
-    tf = import_tensorflow()
-    with strategy.scope():
-        variable = tf.Variable([0.0])
-        optimizer = optimizer_class(learning_rate=0.0)
-
-    @tf.function
-    def aggregate():
-        return strategy.run(lambda: optimizer.aggregate_gradients([(tf.constant([1 / 3]), variable)])[0][0])
-
-    return float(strategy.experimental_local_results(aggregate())[0][0])
 
 
 def speed_table(trials: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]):
