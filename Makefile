@@ -9,7 +9,7 @@ PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])
 LOCK := locks/py$(PYVER).txt
 PYTHONS := 3.11 3.12 3.13
 
-.PHONY: demo test exercises unit quick notebooks binder lab bench faults compat horovod lock badges clean chromium netns-tools cluster-tools learner-tools site site-check
+.PHONY: demo test check exercises unit quick notebooks binder lab bench faults compat horovod lock badges clean chromium netns-tools cluster-tools learner-tools site site-check
 
 LAB_STAMP := $(VENV)/.installed-lab
 SITE_STAMP := $(VENV)/.installed-site
@@ -68,11 +68,23 @@ chromium:
 demo: $(STAMP)  ## TensorFlow's tutorial "Multi-worker training with Keras" on 1 and on 2 workers; writes out/
 	$(BIN)/kit demo --out out
 
-# the notebooks beside the unit tests, their log printed after them: one after the other left the 2 cores idle
-# about a quarter of the unit tests' time (they wait for engines, queues, SSH logins), and took 20:28 of the
-# 20 minutes (docs/performance.md, change 22)
-# then the site of the notebooks this run executed, each page opened in Chromium (make site-check)
-test: $(HOROVOD_STAMP) chromium netns-tools cluster-tools  ## unit tests beside every notebook under nbval, then the site
+# Two tiers (README, Tests). make test: every test not marked `check` (tests/conftest.py: CHECK_MODULES) beside
+# every notebook run once under nbval, plainly (notebook 11 without an emulated cluster, in
+# tests/test_notebook_cluster.py); no root, no apt-get, nothing installed outside .venv (Horovod builds into it).
+test: $(HOROVOD_STAMP)  ## the tests and every notebook once: no root, nothing installed outside .venv
+	@mkdir -p out; echo "the notebooks run beside the tests; their log (out/notebooks-plain.log) follows them"
+	@$(NBVAL_PLAIN) notebooks/ >out/notebooks-plain.log 2>&1 & nb=$$!; \
+	$(BIN)/python -m pytest tests -m "not check" --ignore=tests/exercises -n 2 --dist loadgroup --durations=15; u=$$?; \
+	wait $$nb; n=$$?; echo "---- the notebooks (out/notebooks-plain.log)"; cat out/notebooks-plain.log; \
+	echo "tests: exit $$u; notebooks: exit $$n"; test $$u$$n = 00
+
+# make check (what .ci/run runs): every test, the check tier too, beside every notebook run once inside Binder's
+# limits (make notebooks; 00, 01, 05 and 12 run in JupyterLab in tests/test_browser.py instead), then the site
+# of those executed copies: one run of each notebook serves nbval's comparison, the Binder record and the site.
+# The notebooks beside the unit tests, their log printed after them: one after the other left the 2 cores idle
+# about a quarter of the unit tests' time (they wait for engines, queues, SSH logins) (docs/performance.md,
+# change 22)
+check: $(HOROVOD_STAMP) chromium netns-tools cluster-tools  ## make test's tests and the check tier beside the notebooks in Binder's limits, then the site
 	@mkdir -p out; echo "make notebooks runs beside the unit tests; its log (out/notebooks.log) follows them"
 	@$(MAKE) --no-print-directory notebooks >out/notebooks.log 2>&1 & nb=$$!; \
 	$(MAKE) --no-print-directory unit; u=$$?; \
@@ -138,6 +150,9 @@ NOT_ON_BINDER := --ignore=notebooks/11-your-own-cluster.ipynb
 # Each notebook nbval runs is kept with its outputs in out/executed/ (tools/nbval_executed.py, a pytest plugin:
 # the outputs nbval collected, no second run), for `make site`; the notebooks in notebooks/ stay without outputs.
 EXECUTED := out/executed
+# make test's: every notebook but NOT_ON_BINDER, in this Python's kernel, the live view as text
+NBVAL_PLAIN := KIT_VIEW=text $(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider \
+	--ignore=notebooks/out $(NOT_ON_BINDER)
 # nbval on every notebook but NOT_ON_BINDER, its kernels started from tools/binder_cgroup.py's kernelspec
 NBVAL_ALL := $(BIN)/python -m pytest --nbval-lax --nbval-kernel-name binder-cgroup --nbval-cell-timeout=900 \
 	-p no:cacheprovider --ignore=notebooks/out $(NOT_ON_BINDER) -p tools.nbval_executed --nbval-executed $(EXECUTED)

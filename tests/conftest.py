@@ -54,6 +54,15 @@ SIM_MODULES = ("test_slurm_ssh", "test_notebook_cluster", "test_bench", "test_si
 LEARNER_MODULES = ("test_unprivileged", "test_laptop")
 
 
+#: The check tier (``make check``, CI), marked ``check``: Chromium (JupyterLab, the site), other Pythons and Colab's
+#: install, an ordinary user's sandbox, emulated hosts and links (root: network namespaces, Slurm, sshd, tc), the
+#: take-home scripts run beside their notebooks, and the Binder record. ``make test`` runs every other test
+#: (``-m "not check"``): no root, nothing installed outside .venv.
+CHECK_MODULES = ("test_browser", "test_site", "test_binder_fit", "test_slurm_ssh", "test_sim_lifeline", "test_pythons",
+                 "test_colab", "test_laptop", "test_unprivileged", "test_links", "test_multihost",
+                 *(p.stem for p in Path(__file__).parent.glob("test_take_home_*.py")))
+
+
 def pytest_itemcollected(item):
     """Mark ``slow`` every test that starts a cluster through a fixture, also one written without the mark.
 
@@ -65,6 +74,8 @@ def pytest_itemcollected(item):
     if not item.get_closest_marker("slow") and set(CLUSTER_FIXTURES) & set(getattr(item, "fixturenames", ())):
         item.add_marker(pytest.mark.slow)
     module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else item.nodeid
+    if module in CHECK_MODULES:
+        item.add_marker(pytest.mark.check)
     item.add_marker(pytest.mark.xdist_group("sim" if module in SIM_MODULES else
                                             "learner" if module in LEARNER_MODULES else module))
 

@@ -127,6 +127,7 @@ def test_the_slurm_profile_is_installed_with_the_login_nodes_address(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.check
 def test_the_slurm_section_times_both_kinds_and_leaves_nothing_running():
     """One round (23 s here: the emulated cluster up and down, one local and one Slurm start)."""
     import os

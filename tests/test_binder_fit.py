@@ -11,7 +11,7 @@ inside the group, and each notebook's peak working set and anonymous memory stay
 2 GiB (:data:`BUDGET`, 1,843 MiB; a working set listed in :data:`WORKING_SET_NOT_YET` excepted): a notebook that needs the last 10 % fits only by chance, since
 Binder's kernel, server and libraries differ a little from these.
 Every notebook with 1 CPU also passed (measured on 2 cores: 493 s for a run of all of them instead of
-335 s), but that is too slow for make test's 20 minutes.
+335 s), but that is too slow for make check's 20 minutes.
 
 "Peak" is the group's working set (usage minus inactive page cache) and its anonymous memory, sampled
 every 0.5 s, plus the kernel's own out-of-memory kill count, which misses nothing. The kernel's

@@ -6,7 +6,7 @@ TensorFlow's start-up noise, an error a learner would read. This test starts the
 (pinned in the ``dev`` extra) on a free port with a token, opens each notebook in headless Chromium
 through playwright, clicks Run → Run All Cells, and reads the page.
 
-Prerequisites, installed by ``make test`` (as root it apt-installs Chromium); elsewhere the test
+Prerequisites, installed by ``make check`` (as root it apt-installs Chromium); elsewhere the test
 skips and names them:
 
 - Debian's Chromium at /usr/bin/chromium (``sudo apt-get install chromium``); playwright drives it
@@ -97,20 +97,20 @@ def missing_prerequisites() -> list[str]:
     """What must be installed for this test, in the words of the command that installs it."""
     missing = []
     if not os.access(CHROMIUM, os.X_OK):
-        missing.append(f"Chromium at {CHROMIUM}: `sudo apt-get install chromium` (`make test` does it as root)")
+        missing.append(f"Chromium at {CHROMIUM}: `sudo apt-get install chromium` (`make check` does it as root)")
     absent = [name for name in ("playwright", "jupyterlab") if importlib.util.find_spec(name) is None]
     if absent:
-        missing.append(f"{' and '.join(absent)}: `pip install -e '.[dev]'` (`make test` does it)")
+        missing.append(f"{' and '.join(absent)}: `pip install -e '.[dev]'` (`make check` does it)")
     return missing
 
 
 @pytest.fixture(scope="module", autouse=True)
 def prerequisites() -> None:
     """Skip with the install commands where something is missing, except on CI (root, Debian, through
-    `make test`), where everything is installed and a skip would hide a broken install step."""
+    `make check`), where everything is installed and a skip would hide a broken install step."""
     missing = missing_prerequisites()
     if missing and os.environ.get("CI"):
-        pytest.fail("CI installs these through `make test`, yet they are missing: " + "; ".join(missing))
+        pytest.fail("CI installs these through `make check`, yet they are missing: " + "; ".join(missing))
     if missing:
         pytest.skip("needs " + "; ".join(missing))
 
@@ -221,7 +221,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     token = secrets.token_hex(24)
     env = dict(os.environ, JUPYTER_TOKEN=token, JUPYTER_CONFIG_DIR=str(home / "config"),
                JUPYTER_DATA_DIR=str(home / "data"), JUPYTER_RUNTIME_DIR=str(home / "runtime"))
-    env.pop("KIT_VIEW", None)  # `make test` sets it to "text" for nbval; a learner's kernel has widgets
+    env.pop("KIT_VIEW", None)  # `make test` and `make check` set it to "text" for nbval; a learner's kernel has widgets
     log = home / "server.log"
     command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
                "--ServerApp.port=0", "--ServerApp.port_retries=0", f"--ServerApp.root_dir={NOTEBOOK_DIR}",

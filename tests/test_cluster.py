@@ -167,50 +167,6 @@ def test_bad_run_options_name_the_field(options, field):
     assert kit.RunOptions.help().keys() == {"tasks", "timeout", "stream", "max_failures", "on_restart"}
 
 
-@pytest.mark.slow  # a cluster: 6.8 s
-def test_supervision_messages_go_through_the_live_view_and_the_kit_logger(make_cluster, tmp_path, caplog, capsys):
-    """A failure, the restart and the success after it: each is a view event, shown and logged once."""
-    import logging
-
-    cluster = make_cluster(workers=1)
-    first_pid = cluster.tasks[0].pid
-
-    def fails_once(marker):
-        import os
-        if not os.path.exists(marker):
-            open(marker, "w").close()
-            raise ValueError("first attempt fails on purpose")
-        return os.getpid()
-
-    with caplog.at_level(logging.INFO, logger="kit"):
-        (pid,) = cluster.with_options(max_failures=1, stream=False).run(fails_once, str(tmp_path / "once"))
-    assert pid != first_pid and pid == cluster.tasks[0].pid  # run again on a fresh engine
-    logged = [r.getMessage() for r in caplog.records if r.name == "kit.core.view"]
-    shown = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[kit] ")]
-    assert len(logged) == len(shown) == 3, (logged, shown)
-    assert "attempt 1: worker:0 failed:" in logged[0] and "ValueError: first attempt fails on purpose" in logged[0]
-    assert [line.removeprefix("[kit] ") for line in shown] == [m.partition(": ")[2] for m in logged]
-    assert "restarting all 1 tasks" in logged[1] and "running fails_once again" in logged[2]
-    assert [f.task for f in cluster.failures] == ["worker:0"] and cluster.failures[0].restarted_at
-
-
-@pytest.mark.slow  # the shared cluster (2.8 s to start)
-def test_output_is_streamed_with_the_task_name(two_workers, capsys):
-    def chatty():
-        import os
-        import sys
-        print(f"hello from {os.environ['KIT_TASK']}")
-        print("progress\rdone", file=sys.stderr)
-
-    two_workers.run(chatty)
-    captured = capsys.readouterr()
-    assert "[worker:0] hello from worker:0" in captured.out
-    assert "[worker:1] hello from worker:1" in captured.out
-    assert "[worker:1] done" in captured.err and "progress" not in captured.err
-    two_workers.with_options(stream=False).run(chatty)
-    assert "hello" not in capsys.readouterr().out
-
-
 @pytest.mark.slow  # a cluster running TensorFlow: 14.5 s
 def test_tensorflow_start_up_noise_is_hidden_but_kept(make_cluster, capsys):
     """TensorFlow's C++ start-up lines (written before TF_CPP_MIN_LOG_LEVEL is read) are not shown;
@@ -241,61 +197,6 @@ def test_tensorflow_start_up_noise_is_hidden_but_kept(make_cluster, capsys):
     loud.run(import_tensorflow)
     loud.run(print, "next")
     assert "absl::InitializeLog" in capsys.readouterr().err
-
-
-@pytest.mark.slow  # the shared cluster (2.8 s to start)
-def test_an_exception_names_its_task_with_the_remote_traceback(two_workers):
-    def fails_on_worker_1():
-        import os
-        if os.environ["KIT_TASK"] == "worker:1":
-            raise ValueError("bad value on purpose")
-        return "ok"
-
-    with pytest.raises(WorkerError) as info:
-        two_workers.run(fails_on_worker_1)
-    error = info.value
-    assert error.task == "worker:1" and error.failures == {"worker:1": "ValueError: bad value on purpose"}
-    assert "fails_on_worker_1" in error.remote_traceback and "bad value on purpose" in str(error)
-    assert two_workers.run(os.getpid) == [t.pid for t in two_workers.tasks]  # still usable
-
-
-@pytest.mark.slow  # a cluster: 4.9 s
-def test_run_timeout(make_cluster):
-    cluster = make_cluster(workers=1)
-
-    def slow():
-        import time
-        time.sleep(30)
-
-    start = time.monotonic()
-    with pytest.raises(ClusterError, match="timed out"):
-        cluster.with_options(timeout=1).run(slow)
-    assert time.monotonic() - start < 10
-
-
-@pytest.mark.slow
-def test_a_stuck_collective_times_out_naming_the_task_that_waits(make_cluster):
-    """worker:1 leaves after creating the strategy; worker:0's all-reduce waits for it forever."""
-    cluster = make_cluster(workers=2)
-
-    def all_reduce_alone():
-        import os
-
-        from kit.train._tf import import_tensorflow
-        tf = import_tensorflow()
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        if os.environ["KIT_TASK"] == "worker:1":
-            return "left"
-        return float(strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None))
-
-    # 8 s: the strategy is built in ~1-2 s even beside a busy loop; the rest is the wait for the timeout
-    with pytest.raises(ClusterError, match=r"timed out after 8s: worker:0 still running; worker:1 "
-                                           r"finished, so it is probably waiting in a collective") as caught:
-        cluster.with_options(timeout=8).run(all_reduce_alone)
-    assert caught.value.tasks == ["worker:0"]
-    assert cluster.last_view.states() == {"worker:0": "failed", "worker:1": "done"}
-    cluster.restart()
-    assert cluster.run(os.getpid) == [t.pid for t in cluster.tasks]
 
 
 # ----- no process outlives its cluster -------------------------------------------------------------
@@ -532,27 +433,6 @@ def test_engines_wait_for_a_controller_slow_to_answer_their_registration(make_cl
     cluster.restart()
     assert time.monotonic() - began > 7, "expected the restart to wait for the stopped controller"
     assert cluster.run(os.getpid) == [task.pid for task in cluster.tasks]
-
-
-@pytest.mark.slow  # a cluster: 7.0 s
-def test_an_engine_killed_between_runs_is_named_before_the_next_run(make_cluster):
-    """A signal that ends an idle engine: the next run says which task is gone and the fix."""
-    cluster = make_cluster(workers=2)
-    victim = cluster.tasks[1]
-    cluster.kill(victim.name)
-    deadline = time.monotonic() + 10
-    while cluster.task_group().alive(victim.name):  # SIGKILL is asynchronous: wait until it has landed
-        assert time.monotonic() < deadline, f"{victim.name}'s engine outlived a SIGKILL by 10 s"
-        time.sleep(0.05)
-    with pytest.raises(ClusterError, match=r"worker:1: the engine process is gone.*cluster.restart\(\)") as info:
-        cluster.run(os.getpid)
-    assert info.value.tasks == ["worker:1"]
-    cluster.restart()
-    assert len(cluster.run(os.getpid)) == 2
-    cluster.stop()
-    assert cluster.state.phase is Phase.STOPPED and not cluster.started
-    with pytest.raises(ClusterError, match="not running"):
-        cluster.kill("worker:0")
 
 
 # ----- start-up failures ---------------------------------------------------------------------------

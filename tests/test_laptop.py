@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import pythons
 from conftest import LEARNER, REPO
 
 pytestmark = pytest.mark.slow
@@ -30,13 +31,8 @@ def test_make_demo_passes_in_a_fresh_clone_as_an_ordinary_user_without_cmake_or_
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "KIT_", "VIRTUAL_ENV"))}
     env.update(PATH=f"{stubs}:{os.path.dirname(python)}:/usr/bin:/bin", TMPDIR=tmp, KIT_VIEW="text",
                XDG_CACHE_HOME=f"{tmp}/cache")
-    try:
-        done = subprocess.run([sys.executable, str(REPO / "tools" / "sandbox.py"), "--user", LEARNER, "--",
-                               "make", "-C", str(clone), f"PYTHON={python}", "demo"],
-                              cwd=tmp, env=env, capture_output=True, text=True, timeout=1200)
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"make demo did not finish within 1200 s: {(e.stdout or b'')[-3000:]!r}") from None
-    assert done.returncode == 0, f"make demo failed as {LEARNER}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    done = pythons.run([sys.executable, str(REPO / "tools" / "sandbox.py"), "--user", LEARNER, "--", "make", "-C",
+                        str(clone), f"PYTHON={python}", "demo"], 1200, f"make demo as {LEARNER}", cwd=tmp, env=env)
     assert "hidden by tests/test_laptop.py" not in done.stderr, "something tried to build: " + done.stderr[-3000:]
     assert not (clone / ".venv" / ".installed-horovod").exists() and list((clone / "out").glob("*.ipynb"))
     leftover = subprocess.run(["pgrep", "-u", LEARNER, "-f", "ipyparallel|kit.core"], capture_output=True, text=True)

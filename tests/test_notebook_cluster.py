@@ -127,6 +127,7 @@ def test_without_the_cluster_the_notebook_shows_the_saved_run(tmp_path):
 
 
 @pytest.mark.slow  # the emulated cluster, the kit on Slurm and on SSH, an sbatch job: 480 s beside other runs
+@pytest.mark.check
 def test_live_the_notebook_trains_on_slurm_and_ssh_and_leaves_nothing(tmp_path):
     problems = sim_cluster.missing()
     if problems:

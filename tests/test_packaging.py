@@ -66,7 +66,7 @@ def test_dependencies_are_ranges_with_a_floor_and_each_lock_pins_them_inside():
 def test_jax_is_the_newest_each_python_takes():
     """JAX 0.11 and later need Python 3.12: 3.11's lock keeps 0.10.2, 3.12's and 3.13's have 0.12 or later."""
     versions = {lock.name: Version(lock_pins(lock)["jax"]) for lock in LOCKS}
-    assert versions["py3.11.txt"] < Version("0.11") <= Version("0.12") <= versions["py3.12.txt"], versions
+    assert versions["py3.11.txt"] < Version("0.11") and versions["py3.12.txt"] >= Version("0.12"), versions
     assert versions["py3.13.txt"] >= Version("0.12"), versions
 
 
@@ -129,11 +129,11 @@ def test_make_unit_runs_each_module_on_one_xdist_worker():
     assert all(len(w) == 1 for w in workers.values()), f"a module ran on both workers: {workers}"
 
 
-#: make test's python, standing in for .venv/bin/python
+#: make test's and make check's python, standing in for .venv/bin/python
 FAKE_PYTHON = r"""#!/bin/sh
 # stands in for .venv/bin/python: the unit tests wait (bounded) for the notebooks' run to have started
 case "$*" in
-  *tools/binder_cgroup.py*) touch "$FAKE/notebooks-started"; echo "NOTEBOOKS RAN"; exit "${NOTEBOOKS_EXIT:-0}";;
+  *tools/binder_cgroup.py*|*--nbval-lax*) touch "$FAKE/notebooks-started"; echo "NOTEBOOKS RAN"; exit "${NOTEBOOKS_EXIT:-0}";;
   *"-m pytest tests "*)
     i=0; while [ ! -e "$FAKE/notebooks-started" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
     if [ -e "$FAKE/notebooks-started" ]; then echo "UNIT RAN beside the notebooks"; else echo "UNIT RAN alone"; fi
@@ -142,9 +142,9 @@ esac
 """
 
 
-def make_test(folder: Path, **exits: str) -> subprocess.CompletedProcess:
-    """`make test` with the project's Makefile in ``folder``, its python (and the tools its targets look for) a
-    stand-in: the recipes' own shell runs, the tests and notebooks do not."""
+def make_test(folder: Path, target: str = "test", **exits: str) -> subprocess.CompletedProcess:
+    """`make test` (or ``target``) with the project's Makefile in ``folder``, its python (and the tools its targets
+    look for) a stand-in: the recipes' own shell runs, the tests and notebooks do not."""
     (folder / "patches").mkdir(exist_ok=True)
     (folder / "kit" / "tools").mkdir(parents=True, exist_ok=True)
     for name in ("pyproject.toml", "kit/tools/horovod_wheel.sh", "patches/horovod-0.28.1-tf2.21.patch"):
@@ -162,21 +162,34 @@ def make_test(folder: Path, **exits: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "FAKE": str(folder), "PATH": f"{bin_}:{os.environ['PATH']}", **exits}
     env.pop("MAKEFLAGS", None)
     return subprocess.run(["make", "--no-print-directory", "-C", str(folder), f"VENV={folder / 'venv'}",
-                           "CHROMIUM=/bin/sh", "test"], capture_output=True, text=True, timeout=120, env=env)
+                           "CHROMIUM=/bin/sh", target], capture_output=True, text=True, timeout=120, env=env)
 
 
-def test_make_test_runs_the_notebooks_beside_the_unit_tests_and_fails_if_either_fails(tmp_path):
-    done = make_test(tmp_path)
+@pytest.mark.parametrize("target, said", [("test", "tests: exit {}; notebooks: exit {}"),
+                                          ("check", "make unit: exit {}; make notebooks: exit {}")])
+def test_both_tiers_run_the_notebooks_beside_the_tests_and_fail_if_either_fails(tmp_path, target, said):
+    done = make_test(tmp_path, target)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "UNIT RAN beside the notebooks" in done.stdout
     unit_at = done.stdout.index("UNIT RAN")
     assert done.stdout.index("NOTEBOOKS RAN") > unit_at, "the notebooks' log comes after the unit tests' output"
-    assert "make unit: exit 0; make notebooks: exit 0" in done.stdout
-    for exits, said in [({"NOTEBOOKS_EXIT": "1"}, "make unit: exit 0; make notebooks: exit 2"),
-                        ({"UNIT_EXIT": "1"}, "make unit: exit 2; make notebooks: exit 0")]:
-        failed = make_test(tmp_path, **exits)
-        assert failed.returncode != 0 and said in failed.stdout, (exits, failed.stdout + failed.stderr)
+    assert said.format(0, 0) in done.stdout
+    failed_exit = "1" if target == "test" else "2"  # make check's halves are make targets: make says 2
+    for exits, codes in [({"NOTEBOOKS_EXIT": "1"}, (0, failed_exit)), ({"UNIT_EXIT": "1"}, (failed_exit, 0))]:
+        failed = make_test(tmp_path, target, **exits)
+        assert failed.returncode != 0 and said.format(*codes) in failed.stdout, (exits, failed.stdout + failed.stderr)
         assert "NOTEBOOKS RAN" in failed.stdout  # the notebooks' log is shown either way
+
+
+def test_make_test_needs_no_root_and_leaves_the_check_tier_to_make_check():
+    """make test installs nothing outside .venv (no apt-get target among its prerequisites) and runs the tests not
+    marked ``check``; make check (what .ci/run runs) has the apt-get targets and every test."""
+    makefile = (REPO / "Makefile").read_text()
+    rule = {name: re.search(rf"^{name}:([^#\n]*).*\n((?:\t.*\n)+)", makefile, re.M) for name in ("test", "check")}
+    assert rule["test"][1].split() == ["$(HOROVOD_STAMP)"], rule["test"][1]
+    assert '-m "not check"' in rule["test"][2] and "$(MAKE) --no-print-directory unit" in rule["check"][2]
+    assert {"chromium", "netns-tools", "cluster-tools"} <= set(rule["check"][1].split()), rule["check"][1]
+    assert "\nmake check " in (REPO / ".ci" / "run").read_text()
 
 
 # --- the package: license, package data, and a non-editable install used from another directory ---

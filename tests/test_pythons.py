@@ -28,11 +28,14 @@ def venv(request, kit_wheel, tmp_path_factory):
 
 
 def test_the_venv_has_the_locked_versions(venv):
-    done = pythons.run([str(venv), "-c", "import sys, importlib.metadata as m; print(sys.version_info[:2] >= (3, 12), "
+    """What the venv has is what its Python's lock says (the venvs here are Pythons 3.12 and 3.13: JAX 0.12 or later)."""
+    done = pythons.run([str(venv), "-c", "import sys, importlib.metadata as m; print(*sys.version_info[:2], "
                         "m.version('jax'), m.version('tensorflow'))"], 60, "version check")
-    newer, jax, tensorflow = done.stdout.split()
-    assert newer == "True" and tuple(map(int, jax.split(".")[:2])) >= (0, 12), \
-        f"expected JAX >= 0.12 on Python >= 3.12, got {jax} ({done.stdout})"
+    major, minor, jax, tensorflow = done.stdout.split()
+    locked = (pythons.REPO / "locks" / f"py{major}.{minor}.txt").read_text()
+    assert f"\njax=={jax}\n" in locked and f"\ntensorflow=={tensorflow}\n" in locked, \
+        f"expected the lock's JAX and TensorFlow in the venv of Python {major}.{minor}, got {jax} and {tensorflow}"
+    assert tuple(map(int, jax.split(".")[:2])) >= (0, 12), f"expected JAX >= 0.12 on Python {major}.{minor}, got {jax}"
 
 
 def test_kit_demo_passes(venv, tmp_path):

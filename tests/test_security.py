@@ -377,7 +377,7 @@ def test_horovod_ranks_are_not_reachable_from_another_host(attacker, no_leaks):
 
     if HOROVOD_MISSING:
         if os.geteuid() == 0:
-            pytest.fail(MISSING)  # as root (CI) `make test` builds it
+            pytest.fail(MISSING)  # as root (CI) `make check` builds it
         pytest.skip(MISSING)
     from kit.core.horovod import HorovodCluster
 

@@ -1,6 +1,6 @@
 """The lessons' site (``make site``: out/executed/ -> out/site/) as a reader opens it: every page in Chromium.
 
-``make test`` builds the site after the notebooks ran (``make notebooks`` and tests/test_browser.py keep them with
+``make check`` builds the site after the notebooks ran (``make notebooks`` and tests/test_browser.py keep them with
 their outputs in out/executed/, tools/build_site.py renders them) and then runs this test. It serves out/site/ on
 127.0.0.1 (as GitHub Pages would serve it; nothing else is reachable: every other request is refused and
 recorded), opens the index and every notebook's page in Debian's headless Chromium (playwright, as
@@ -17,7 +17,7 @@ tests/test_browser.py), and checks what a reader sees:
 - each page, its HTML and its images, under :data:`MAX_PAGE_BYTES` (the theme's shared CSS, JS and fonts not
   counted: a browser loads them once for the whole site).
 
-Without out/site/ it skips and says how to build it, except on CI (``CI`` set), where ``make test`` builds it
+Without out/site/ it skips and says how to build it, except on CI (``CI`` set), where ``make check`` builds it
 first and a skip would hide a site that was not built. On CI it also fails if a notebook that ``make notebooks``
 or the browser test runs has no executed copy (its page would show no outputs); notebook 11, which needs root
 and an emulated cluster (its metadata ``kit.not_on_binder``), is shown without outputs and says so.
@@ -90,7 +90,7 @@ def missing_prerequisites() -> list[str]:
     if not (SITE / "pages.json").is_file():
         missing.append("the site: `make notebooks` (or the notebooks you want), then `make site` (out/site/)")
     if not os.access(CHROMIUM, os.X_OK):
-        missing.append(f"Chromium at {CHROMIUM}: `sudo apt-get install chromium` (`make test` does it as root)")
+        missing.append(f"Chromium at {CHROMIUM}: `sudo apt-get install chromium` (`make check` does it as root)")
     if importlib.util.find_spec("playwright") is None:
         missing.append("playwright: `pip install -e '.[dev]'`")
     return missing
@@ -98,11 +98,11 @@ def missing_prerequisites() -> list[str]:
 
 @pytest.fixture(scope="module", autouse=True)
 def prerequisites() -> None:
-    """Skip, naming what to run, where the site or Chromium is missing; fail instead on CI, where `make test`
+    """Skip, naming what to run, where the site or Chromium is missing; fail instead on CI, where `make check`
     builds the site before this test and installs Chromium."""
     missing = missing_prerequisites()
     if missing and os.environ.get("CI"):
-        pytest.fail("on CI `make test` builds the site and installs Chromium before this test, yet these are "
+        pytest.fail("on CI `make check` builds the site and installs Chromium before this test, yet these are "
                     "missing: " + "; ".join(missing))
     if missing:
         pytest.skip("needs " + "; ".join(missing))

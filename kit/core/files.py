@@ -1,4 +1,5 @@
-"""The files the kit writes: results and tables atomically (:func:`write_atomic`), figures (:func:`save_figure`).
+"""The files the kit writes: results and tables atomically (:func:`write_atomic`), figures (:func:`save_figure`);
+and where the files it ships are (:func:`shipped`).
 
 Pure Python, no TensorFlow or matplotlib import: every layer uses these two, the engines' code
 (kit.train) as the tooling (kit.tools).
@@ -12,6 +13,14 @@ from typing import Any
 
 #: Resolution of every figure the kit saves.
 FIGURE_DPI = 120
+
+
+def shipped(folder: str, marker: str) -> Path | None:
+    """The kit's ``folder`` (``locks``, ``notebooks``, ``docs``): ``kit/<folder>`` in an installed wheel (package data),
+    else the checkout's ``<folder>/`` (an editable install, or kit imported from a checkout); the first that holds
+    ``marker``, None if neither does."""
+    package = Path(__file__).resolve().parents[1]
+    return next((c for c in (package / folder, package.parent / folder) if (c / marker).exists()), None)
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> Path:

@@ -235,8 +235,7 @@ def run_horovodrun(args: list[str], time_limit: float = 120.0) -> dict[str, Any]
 
     before = {child.pid for child in psutil.Process().children(recursive=True)}  # e.g. ipyparallel's nanny
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_") and k != "TF_CONFIG"}
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # "python" = this one
-    env = nojax.environ(env)  # the ranks import TensorFlow without JAX (kit.core.nojax)
+    env = nojax.environ(env)  # "python" is this one; the ranks import TensorFlow without JAX (kit.core.nojax)
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "horovod.runner.launch", *map(str, args)], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

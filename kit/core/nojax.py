@@ -45,6 +45,9 @@ def install() -> None:
 
 
 def environ(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with :data:`SITE` in front of its ``PYTHONPATH``: its Python processes start with the finder."""
+    """``env`` for a command the kit runs (``kit.launch``, ``horovodrun``): :data:`SITE` in front of its
+    ``PYTHONPATH`` (its Python processes start with the finder) and this Python's folder in front of its ``PATH``
+    (its ``python`` is this one)."""
     rest = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != SITE]
-    return {**env, "PYTHONPATH": os.pathsep.join([SITE, *rest])}
+    return {**env, "PYTHONPATH": os.pathsep.join([SITE, *rest]),
+            "PATH": os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])}

@@ -90,8 +90,7 @@ def launch(commands: list[str], workdir: str, wait_seconds: float, ready: str = 
     import psutil
 
     libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork; the child only calls prctl
-    environment = nojax.environ({**os.environ, **(env or {}),  # TensorFlow's import without JAX (kit.core.nojax)
-                                 "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
+    environment = nojax.environ({**os.environ, **(env or {})})  # this python; TensorFlow without JAX (kit.core.nojax)
     for name in ("TF_CONFIG", "TF_USE_LEGACY_KERAS"):  # the commands set these themselves
         environment.pop(name, None)
     holder = socket.create_server(("127.0.0.1", hold_port)) if hold_port else None

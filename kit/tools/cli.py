@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..core import tfconfig
 from ..core.errors import KitError, TFConfigError
+from ..core.files import shipped
 from .export import notebooks_dir
 
 #: What ``kit notebooks DIR`` copies: the lessons, their index, their figures, the sweeps' trial notebooks, and the
@@ -108,9 +109,8 @@ DOCS_LINK = re.compile(r"\.\./docs/([\w./-]*\w)")
 
 
 def docs_dir() -> Path:
-    """The repository's docs/: ``kit/docs`` in an installed wheel (package data), else the checkout's."""
-    installed = Path(__file__).resolve().parents[1] / "docs"
-    return installed if (installed / "security.md").is_file() else Path(__file__).resolve().parents[2] / "docs"
+    """The repository's docs/ (:func:`kit.core.files.shipped`)."""
+    return shipped("docs", "security.md") or Path(__file__).resolve().parents[2] / "docs"
 
 
 def carry_docs(target: Path, notebooks: list[Path]) -> list[Path]:

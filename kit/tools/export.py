@@ -25,11 +25,11 @@ import argparse
 import ast
 import json
 import re
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import KitError
+from ..core.files import shipped
 
 LESSON_TAG = "lesson"
 #: What a lesson's code must not use: the kit itself, the kit's own environment, TensorFlow's and
@@ -53,14 +53,12 @@ class ExportError(KitError):
 def notebooks_dir() -> Path:
     """The folder of the lessons: ``kit/notebooks`` in an installed wheel (package data), else the
     repository's ``notebooks/`` (an editable install, or kit imported from a checkout)."""
-    installed = Path(str(resources.files("kit") / "notebooks"))
-    checkout = Path(__file__).resolve().parents[2] / "notebooks"
-    for candidate in (installed, checkout):
-        if (candidate / DEMO_NOTEBOOK).is_file():
-            return candidate
-    raise KitError(f"the lessons are in neither {installed} (an installed kit) nor {checkout} (a "
-                   "checkout). Fix: git checkout notebooks/ in a checkout, or reinstall the kit (pip "
-                   "install --force-reinstall WHEEL_OR_SOURCE_FOLDER)")
+    found = shipped("notebooks", DEMO_NOTEBOOK)
+    if found is None:
+        raise KitError(f"the lessons are in neither kit/notebooks (an installed kit) nor notebooks/ (a checkout) "
+                       f"beside {Path(__file__).resolve().parents[1]}. Fix: git checkout notebooks/ in a checkout, or "
+                       "reinstall the kit (pip install --force-reinstall WHEEL_OR_SOURCE_FOLDER)")
+    return found
 
 
 def lesson_cells(notebook: dict) -> list[str]:

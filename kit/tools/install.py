@@ -27,11 +27,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from importlib.resources import files
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from ..core.files import shipped
 
 #: Distributions kept where installed even if not loaded yet: Colab's widget manager serves these versions.
 FRONT_END = ("ipywidgets", "widgetsnbextension", "jupyterlab-widgets")
@@ -40,12 +41,9 @@ FRONT_END = ("ipywidgets", "widgetsnbextension", "jupyterlab-widgets")
 def lock_path(version: tuple[int, int] | None = None) -> Path | None:
     """The lock this Python installs with (None: not a tested Python): ``kit/locks`` in an installed wheel, else the
     repository's ``locks/`` (a checkout)."""
-    major, minor = version or sys.version_info[:2]
-    name = f"py{major}.{minor}.txt"
-    for folder in (Path(str(files("kit"))) / "locks", Path(__file__).resolve().parents[2] / "locks"):
-        if (folder / name).is_file():
-            return folder / name
-    return None
+    name = "py{}.{}.txt".format(*(version or sys.version_info[:2]))
+    folder = shipped("locks", name)
+    return folder / name if folder else None
 
 
 def pins(text: str) -> dict[str, str]:
