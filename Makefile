@@ -71,6 +71,7 @@ demo: $(STAMP)  ## TensorFlow's tutorial "Multi-worker training with Keras" on 1
 # Two tiers (README, Tests). make test: every test not marked `check` (tests/conftest.py: CHECK_MODULES) beside
 # every notebook run once under nbval, plainly (notebook 11 without an emulated cluster, in
 # tests/test_notebook_cluster.py); no root, no apt-get, nothing installed outside .venv (Horovod builds into it).
+# Each half in two pytest-xdist workers (a notebook stays on one: --dist loadfile): both wait more than they compute.
 test: $(HOROVOD_STAMP)  ## the tests and every notebook once: no root, nothing installed outside .venv
 	@mkdir -p out; echo "the notebooks run beside the tests; their log (out/notebooks-plain.log) follows them"
 	@$(NBVAL_PLAIN) notebooks/ >out/notebooks-plain.log 2>&1 & nb=$$!; \
@@ -152,7 +153,7 @@ NOT_ON_BINDER := --ignore=notebooks/11-your-own-cluster.ipynb
 EXECUTED := out/executed
 # make test's: every notebook but NOT_ON_BINDER, in this Python's kernel, the live view as text
 NBVAL_PLAIN := KIT_VIEW=text $(BIN)/python -m pytest --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider \
-	--ignore=notebooks/out $(NOT_ON_BINDER)
+	--ignore=notebooks/out $(NOT_ON_BINDER) -n 2 --dist loadfile
 # nbval on every notebook but NOT_ON_BINDER, its kernels started from tools/binder_cgroup.py's kernelspec
 NBVAL_ALL := $(BIN)/python -m pytest --nbval-lax --nbval-kernel-name binder-cgroup --nbval-cell-timeout=900 \
 	-p no:cacheprovider --ignore=notebooks/out $(NOT_ON_BINDER) -p tools.nbval_executed --nbval-executed $(EXECUTED)

@@ -166,6 +166,7 @@ def test_the_ceiling_row_reports_each_two_worker_variant_as_a_share_of_two_proce
 
 
 @pytest.mark.slow  # a two-task cluster, two Keras 3 + JAX processes and two plain processes: ~60 s
+@pytest.mark.check  # a benchmark sample of each kind
 def test_the_ceiling_sums_two_processes_and_the_plain_launch_keeps_tensorflows_lines_out_of_the_output(capfd):
     from kit.tools import bench, launch_bench
 

@@ -186,7 +186,7 @@ def test_demo_refuses_a_value_that_cannot_run_before_it_starts_anything(option, 
 
 
 @pytest.mark.slow  # papermill runs notebook 01: three clusters, each 5 steps (~1-2 min on 2 cores)
-@pytest.mark.parametrize("workers", [2, 1])
+@pytest.mark.parametrize("workers", [2, pytest.param(1, marks=pytest.mark.check)])  # make test: 2 workers
 def test_kit_demo_runs_one_epoch_of_five_steps_and_says_what_it_could_check(workers, tmp_path, capsys, no_leaks):
     """`kit demo --epochs 1 --steps-per-epoch 5` (and with `--workers 1`) runs to its table: the notebook's checks
     that need two epochs say what one epoch of 5 steps can show; one worker is not compared with itself."""

@@ -84,6 +84,7 @@ def test_the_exported_lesson_imports_no_kit_and_sets_keras_on_jax(tmp_path):
 
 
 @pytest.mark.slow  # three plain processes of Keras on JAX (~40 s on 2 cores)
+@pytest.mark.check  # the take-home script beside the notebook
 def test_the_exported_script_as_two_processes_trains_as_one_process_with_the_global_batch(tmp_path):
     """Two ``python main.py`` processes, each with its KERAS_DISTRIBUTION_* variables (no kit): the same losses on
     both, and the losses of one process that takes the whole global batch."""
@@ -183,6 +184,7 @@ def test_a_process_started_with_the_kits_environment_imports_tensorflow_without_
 
 
 @pytest.mark.slow  # two 2-process jobs of Keras on JAX: ~40 s
+@pytest.mark.check  # the take-home script beside the notebook
 def test_the_exported_script_reaches_model_parallel_from_its_command_line(tmp_path):
     """`python main.py --parallel model` trains step 4's ModelParallel: the hidden kernel split over the processes."""
     script = export(LESSON, tmp_path)

@@ -195,6 +195,7 @@ def _read_line_within(proc: subprocess.Popen, seconds: float) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.check  # an emulated host (root)
 def test_a_local_cluster_cannot_be_reached_from_another_host(attacker, secret, unprotected_server, make_cluster):
     cluster = make_cluster(workers=2)
     ports = cluster.with_options(stream=False).run(start_servers)

@@ -164,6 +164,7 @@ def fit_delays(fix: str, seconds: float) -> tuple[list, list[float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.check  # a timing beside a busy loop: the check tier
 def test_fit_returns_on_time_beside_a_busy_loop_with_the_fix():
     """With the fix, each of 3 fits returns within 2 s of on_train_end (about 35 s).
 
