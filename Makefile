@@ -113,7 +113,7 @@ learner-tools:
 # two pytest-xdist workers: the tests wait more than they compute (a serial run kept the 2 cores about half busy:
 # 16:41 of wall time, 16:22 of CPU), so two at once take less time (tests/conftest.py groups them: one module per
 # worker at a time, the emulated clusters' modules in one group, a temporary folder per worker)
-# (not tests/test_site.py: it reads the site of the notebooks' run, which make test builds after this)
+# (not tests/test_site.py: it reads the site of the notebooks' run, which make check builds after this)
 unit: $(HOROVOD_STAMP) chromium netns-tools cluster-tools
 	$(BIN)/python -m pytest tests --ignore=tests/exercises --ignore=tests/test_site.py -n 2 --dist loadgroup \
 	  --durations=25  # the 25 slowest
@@ -125,7 +125,7 @@ exercises: $(HOROVOD_STAMP) netns-tools  ## run every exercise that needs no she
 	$(BIN)/python -m pytest tests/exercises
 
 # the fast loop while editing: the tests not marked slow (none starts a cluster or another process that
-# runs TensorFlow; each takes under ~2 s): about 30 s on 2 cores, against ~13 minutes for `unit`
+# runs TensorFlow; each takes under ~2 s): about 50 s on 2 cores
 quick: $(STAMP)  ## the fast loop: pytest -m "not slow"
 	$(BIN)/python -m pytest -m "not slow" tests
 
@@ -140,7 +140,7 @@ quick: $(STAMP)  ## the fast loop: pytest -m "not slow"
 # 2 GiB, 1,843 MiB) and prints each notebook's time and peak memory, and which processes held it at the
 # peak. Not root: plain runs, a notice, and the check skips saying why. Not every notebook gets 1 CPU: on
 # 2 cores, `make binder` (all of them with 1 CPU) took 833 s of cells where these two runs took 461 + 57 s, too long
-# for make test's 20 minutes (README, Binder and conda).
+# for make check's 20 minutes (README, Binder and conda).
 # The 1-CPU run goes beside the other (its quota holds it to one of the two cores; its log is printed after it):
 # ~50 s less than one after the other.
 BINDER_ONE_CPU := notebooks/07-parameter-server.ipynb
@@ -193,7 +193,7 @@ binder: $(HOROVOD_STAMP) learner-tools  ## every notebook inside Binder's limits
 site: $(SITE_STAMP)  ## the static site of the executed notebooks -> out/site/index.html
 	$(BIN)/python tools/build_site.py --executed $(EXECUTED) --out out/site
 
-# the site, then every page of it opened in Chromium (tests/test_site.py): make test's last step
+# the site, then every page of it opened in Chromium (tests/test_site.py): make check's last step
 site-check: site chromium
 	$(BIN)/python -m pytest -p no:cacheprovider -rs tests/test_site.py
 

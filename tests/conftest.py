@@ -43,7 +43,7 @@ collect_ignore = [] if os.environ.get("KIT_LEARNER_RUN") else ["learner"]
 
 
 #: Fixtures that start a cluster: a test using one is ``slow`` (`pytest -m "not slow"` is the fast loop).
-CLUSTER_FIXTURES = ("make_cluster", "two_workers")
+CLUSTER_FIXTURES = ("make_cluster", "two_workers", "make_horovod")
 
 
 #: Modules that bring up an emulated cluster (kit.tools.sim_cluster): one Slurm controller and munge per machine,

@@ -38,6 +38,8 @@ from kit.core.runs import Run
 from kit.core.view import KEY
 
 _here = threading.local()  #: the call a thread runs for (None in the test's own thread)
+#: The longest a result's ``get`` waits, and a closing engine waits for its threads.
+WAIT_SECONDS = 30.0
 
 
 class EngineGone(BaseException):
@@ -95,7 +97,8 @@ class _Call:
         self.output = {"stdout": "", "stderr": ""}
         self.value: Any = None
         self.done = threading.Event()
-        threading.Thread(target=self._run, args=(fn, args, kwargs), daemon=True, name=self.msg_id).start()
+        self.thread = threading.Thread(target=self._run, args=(fn, args, kwargs), daemon=True, name=self.msg_id)
+        self.thread.start()
 
     def _run(self, fn: Callable, args: tuple, kwargs: dict) -> None:
         _here.call = self
@@ -103,7 +106,7 @@ class _Call:
             value, status, error = fn(*args, **kwargs), "ok", None
         except EngineGone:
             return  # a killed process sends nothing
-        except Exception as caught:  # what the engine sends back: the error as an ipyparallel RemoteError
+        except BaseException as caught:  # what the engine sends back: the error as an ipyparallel RemoteError
             value = error = RemoteError(type(caught).__name__, str(caught), traceback.format_exc())
             status = "error"
         if self.engine.ended.is_set():
@@ -143,8 +146,10 @@ class FakeResult:
     def stderr(self) -> list[str]:
         return [c.output["stderr"] for c in self.calls]
 
-    def get(self, return_exceptions: bool = False) -> list:
-        self.wait()
+    def get(self, return_exceptions: bool = False, timeout: float = WAIT_SECONDS) -> list:
+        if not self.wait(timeout):
+            late = [c.engine.name for c in self.calls if not c.done.is_set()]
+            raise TimeoutError(f"no reply from {', '.join(late)} within {timeout:g} s (a fake engine's call)")
         values = [c.value for c in self.calls]
         failed = [v for v in values if isinstance(v, RemoteError)]
         if failed and not return_exceptions:
@@ -221,12 +226,21 @@ class FakeEngines(Engines):
         return "127.0.0.1"
 
     def close(self) -> None:
+        """End every engine and wait for their threads: a function that does not leave (it blocks without
+        :func:`sleep`) fails the test that ran it."""
         for engine in self.engines.values():
             engine.ended.set()
+        deadline = time.monotonic() + WAIT_SECONDS
+        for call in self.calls:
+            call.thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [f"{c.engine.name} ({c.msg_id})" for c in self.calls if c.thread.is_alive()]
         if isinstance(sys.stdout, _Output):
             sys.stdout = sys.stdout.original
         if isinstance(sys.stderr, _Output):
             sys.stderr = sys.stderr.original
+        if stuck:
+            raise AssertionError(f"calls still running {WAIT_SECONDS:g} s after their engines ended: {', '.join(stuck)}"
+                                 " (sleep with fakes.sleep, which leaves when the engine ends)")
 
 
 class FakeCluster:

@@ -46,6 +46,9 @@ def test_every_variant_trains_with_a_lesson_and_an_unknown_one_names_the_choices
     with pytest.raises(OptionError, match="2 workers tuned") as refused:
         bench.variant_call("2 Horovod tuned", 64, 2, 30, "mnist.npz")
     assert refused.value.field == "variant"
+    with pytest.raises(OptionError, match="use at most 468") as refused:  # 12 and 08 do not repeat MNIST
+        bench.variant_call("2 jax", 64, 2, 500, "mnist.npz")
+    assert refused.value.field == "steps"
 
 
 def test_goals_read_json_keys_too():

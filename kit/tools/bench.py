@@ -108,7 +108,6 @@ def tuned(train: Callable, load_mnist: Callable, half_precision_allreduce: Calla
           mnist_path: str, callbacks: list) -> Any:
     """On a task: notebook 08's ``train`` of one planned trial with its float16 all-reduce (its section 8)."""
     import tensorflow as tf
-
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     return train(strategy, trial, load_mnist(mnist_path), callbacks, half_precision_allreduce(tf.keras.optimizers.SGD))
 
@@ -116,9 +115,10 @@ def tuned(train: Callable, load_mnist: Callable, half_precision_allreduce: Calla
 def variant_call(variant: str, batch: int, epochs: int, steps: int, data: str) -> tuple[Any, tuple, int]:
     """The cluster, the run's function and arguments, and the global batch of one sample of ``variant``."""
     from ..core.cluster import TFCluster
-
     if variant not in VARIANTS:
         raise OptionError("variant", f"{variant!r} is unknown", f"use one of {', '.join(VARIANTS)}")
+    if steps * 2 * batch > 60_000 and LESSONS[variant] in ("08-scaling-experiments", "12-keras3-jax"):  # no repeat
+        raise OptionError("steps", f"{steps} x {2 * batch} examples: 08 and 12 take MNIST's 60,000 once", f"use at most {60_000 // (2 * batch)}")
     if LESSONS[variant] == "08-scaling-experiments":  # its float16 sum is in cells tagged "training" only
         code = lesson(LESSONS[variant], "training")
         trial = code["plan"](2, batch, "none", False, base_lr=0.001, base_batch=64, examples=epochs * steps * 2 * batch,
@@ -227,7 +227,7 @@ def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int
         memory = []
         for rep in range(repeats):  # interleaved
             for variant in variants:
-                row = measure_variant(variant, batch, epochs, steps, memory=(batch == 64))
+                row = measure_variant(variant, batch, epochs, steps, memory=(batch == 64 and variant == "2 workers"))
                 samples[variant].append(row["examples_per_second"])
                 if "pss_total_mb" in row:
                     memory.append(row)

@@ -66,6 +66,7 @@ def lesson(name: str, tag: str = "lesson") -> dict[str, Any]:
     kept = dict(os.environ)
     try:
         return run_tagged(notebooks_dir() / f"{name}.ipynb", tag)
-    finally:
-        os.environ.clear()
-        os.environ.update(kept)
+    finally:  # only what the cells changed: the environment is never empty for the kernel's other threads
+        for key in set(os.environ) - set(kept):
+            del os.environ[key]
+        os.environ.update({key: value for key, value in kept.items() if os.environ.get(key) != value})
