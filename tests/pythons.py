@@ -6,13 +6,16 @@ constraints; its notebooks run through papermill with that venv's kernel; everyt
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import glob
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import psutil
@@ -70,6 +73,38 @@ def build_wheel(folder: Path) -> Path:
     return wheel
 
 
+#: Where :func:`wheels` keeps each Python's wheels between runs: beside Horovod's wheel in the kit's cache
+#: ($KIT_CACHE_DIR, else ~/.cache/kit, as kit/tools/horovod_wheel.sh has it).
+WHEELHOUSE = Path(os.environ.get("KIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                  / "kit") / "wheelhouse"
+
+
+def wheels(python: str, *extra: str) -> dict[str, str]:
+    """pip's settings (environment variables) that install with no index from a folder of wheels for ``python``:
+    its lock's versions, pip, and ``extra`` requirements with what they need, downloaded on first use and kept
+    (``WHEELHOUSE``/py3.X). Every venv of the tests installs from there, so a run downloads TensorFlow once per
+    Python instead of once per venv, and no install fails on the network halfway (pip's own cache keeps nothing
+    here: the registry's answers carry no caching headers). A lock per folder: two test workers fill it in turn."""
+    version = run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], 60, f"{python}'s version")
+    lock = REPO / "locks" / f"py{version.stdout.strip()}.txt"
+    folder = WHEELHOUSE / f"py{version.stdout.strip()}"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o755)  # readable by the ordinary user of tests/test_laptop.py
+    done = folder / (".filled-" + hashlib.sha256((lock.read_text() + "\n".join(extra)).encode()).hexdigest()[:16])
+    download = [python, "-m", "pip", "download", "--quiet", "--prefer-binary", "--dest", str(folder)]
+    with open(folder / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if not done.exists():
+            run([*download, "--no-deps", "pip", "-r", str(lock)], 1800, f"pip download of {lock.name}'s wheels")
+            if extra:
+                run([*download, *extra], 1800, f"pip download of {' '.join(extra)}")
+            broken = [wheel for wheel in folder.glob("*.whl") if not zipfile.is_zipfile(wheel)]  # cut short
+            for wheel in broken:  # (a full disk): pip would take them as downloaded next time
+                wheel.unlink()
+            assert not broken, f"removed {len(broken)} incomplete wheels from {folder}: {[w.name for w in broken]}"
+            done.touch()
+    return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(folder)}
+
+
 def make_venv(python: str, folder: Path) -> Path:
     """A fresh venv; the path of its python."""
     run([python, "-m", "venv", str(folder)], 120, f"{python} -m venv")
@@ -98,11 +133,13 @@ def kernel(python: Path) -> str:
     return name
 
 
-def papermill(python: Path, notebook: Path, out: Path, timeout: float, prefix: list[str] = ()) -> dict:
-    """Run ``notebook`` through papermill with ``python``'s own kernel; the executed notebook."""
+def papermill(python: Path, notebook: Path, out: Path, timeout: float, prefix: list[str] = (),
+              env: dict[str, str] | None = None) -> dict:
+    """Run ``notebook`` through papermill with ``python``'s own kernel (``env`` added to its environment); the
+    executed notebook."""
     run([*prefix, str(python), "-m", "papermill", str(notebook), str(out), "-k", kernel(python), "--cwd",
          str(out.parent), "--execution-timeout", str(int(timeout))], timeout + 60,
-        f"papermill {notebook.name} with {python}", env={**os.environ, "KIT_VIEW": "text"})
+        f"papermill {notebook.name} with {python}", env={**os.environ, "KIT_VIEW": "text", **(env or {})})
     return json.loads(out.read_text())
 
 

@@ -78,7 +78,9 @@ def test_colab_emulated_the_first_cell_installs_the_kit_then_01_05_and_12_pass(t
     wheel = request.getfixturevalue("kit_wheel")  # after the check above: no build for a test that skips
     python = pythons.make_venv(pythons.interpreter(COLAB["python"]), tmp_path / "colab")
     prefill = [f"{name}=={version}" if version else name for name, version in COLAB.items() if name != "python"]
-    pythons.run([str(python), "-m", "pip", "install", "--quiet", *prefill], 900, "the emulated Colab runtime's install")
+    offline = pythons.wheels(str(python), *prefill)  # Colab's set and the lock's, on disk: pip needs no network
+    pythons.run([str(python), "-m", "pip", "install", "--quiet", *prefill], 900, "the emulated Colab runtime's install",
+                env={**os.environ, **offline})
     site = pythons.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], 60, "site")
     colab_package = Path(site.stdout.strip()) / "google" / "colab"  # what kit.tools.install.in_colab() looks for
     colab_package.mkdir(parents=True)
@@ -92,7 +94,7 @@ def test_colab_emulated_the_first_cell_installs_the_kit_then_01_05_and_12_pass(t
     (tmp_path / "first-cell.ipynb").write_text(json.dumps({**first, "cells": [cell]}))
     started = time.monotonic()
     executed = pythons.papermill(python, tmp_path / "first-cell.ipynb", tmp_path / "first-cell-run.ipynb", 900,
-                                 prefix=namespaces_refused())
+                                 prefix=namespaces_refused(), env=offline)
     record["install_cell_seconds"] = round(time.monotonic() - started, 1)
     said = pythons.outputs(executed)
     record["install_cell_said"] = said[-2000:]

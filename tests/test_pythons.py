@@ -22,7 +22,8 @@ def venv(request, kit_wheel, tmp_path_factory):
     version = request.param
     python = pythons.make_venv(pythons.interpreter(version), tmp_path_factory.mktemp(f"py{version}") / "venv")
     pythons.run([str(python), "-m", "pip", "install", "--quiet", "-c", str(pythons.REPO / "locks" / f"py{version}.txt"),
-                 str(kit_wheel)], 900, f"pip install of the kit's wheel on Python {version}")
+                 str(kit_wheel)], 900, f"pip install of the kit's wheel on Python {version}",
+                env={**os.environ, **pythons.wheels(str(python))})
     yield python
     pythons.no_process_left(python.parent.parent)
 
@@ -67,7 +68,8 @@ def test_the_keras_on_jax_tests_pass_on_this_pythons_jax(venv, tmp_path):
     version = pythons.run([str(venv), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], 60,
                           "version").stdout.strip()
     pythons.run([str(venv), "-m", "pip", "install", "--quiet", "-c", str(pythons.REPO / "locks" / f"py{version}.txt"),
-                 "pytest", "pytest-timeout"], 600, f"pytest into the Python {version} venv")
+                 "pytest", "pytest-timeout"], 600, f"pytest into the Python {version} venv",
+                env={**os.environ, **pythons.wheels(str(venv))})
     done = pythons.run([str(venv), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(pythons.REPO),
                         str(pythons.REPO / "tests" / "test_keras_jax.py")], 1200, f"tests/test_keras_jax.py on {version}",
                        cwd=tmp_path, env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST")})

@@ -1,23 +1,20 @@
-"""Notebook 04's plumbing: MNIST as TFRecord files, and the tables and strips of which worker saw which example.
+"""Notebook 04's plumbing: the tables and strips of which worker saw which example of the TFRecord files.
 
 The lesson's TensorFlow code (the id pipelines, the auto-shard policies, ``experimental_distribute_dataset``,
-manual sharding with ``InputContext``) is 04's own cells, tagged ``sharding``; tests/test_sharding.py runs
-those cells on a cluster (``kit.tools.cells.run_tagged``). What is left here is what the lesson does not teach:
-:func:`write_mnist_tfrecords` makes the files (the notebook now writes them with its own lesson function,
-``write_tfrecords``; this copy is the tests' reference), and the pure helpers turn the ids each worker
-saw into the notebook's tables, checks and figure. Every example carries its ``id``: its index in MNIST's
+manual sharding with ``InputContext``, the TFRecord files with their ids) is 04's own cells, tagged
+``sharding``; tests/test_sharding.py runs those cells on a cluster (``kit.tools.cells.run_tagged``). What is
+left here is what the lesson does not teach: the pure helpers that turn the ids each worker saw into the
+notebook's tables, checks and figure. Every example carries its ``id``: its index in MNIST's
 training set.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ._tf import import_tensorflow
 from ..core.errors import OptionError
 from ..core.files import save_figure
 
@@ -29,35 +26,6 @@ def block_ids(examples: int, num_files: int) -> list[list[int]]:
         raise OptionError("num_files", f"cannot cut {examples} examples into {num_files} non-empty files",
                           f"give 1 <= num_files <= examples ({examples})")
     return [block.tolist() for block in np.array_split(np.arange(examples), num_files)]
-
-
-def write_mnist_tfrecords(directory: str | os.PathLike, num_files: int, examples: int,
-                          *, path: str | os.PathLike | None = None) -> list[str]:
-    """Write MNIST's first ``examples`` training examples as ``num_files`` TFRecord files.
-
-    File ``i`` holds the ids of ``block_ids(examples, num_files)[i]``; each record is a
-    ``tf.train.Example`` with ``id`` (int64), ``image`` (784 raw bytes) and ``label`` (int64).
-    Returns the file paths in order.
-    """
-    tf = import_tensorflow()
-    from .data import load_mnist
-
-    (x_train, y_train), _ = load_mnist(path)
-    target = Path(directory)
-    target.mkdir(parents=True, exist_ok=True)
-    files = []
-    for i, ids in enumerate(block_ids(examples, num_files)):
-        name = str(target / f"mnist-{i:02d}-of-{num_files:02d}.tfrecord")
-        with tf.io.TFRecordWriter(name) as writer:
-            for j in ids:
-                feature = {
-                    "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[j])),
-                    "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[x_train[j].tobytes()])),
-                    "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y_train[j])])),
-                }
-                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-        files.append(name)
-    return files
 
 
 def files_of_worker(files: Sequence[str], worker: int, workers: int) -> list[str]:
