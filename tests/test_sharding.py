@@ -57,10 +57,11 @@ def test_tfrecords_round_trip_ids_images_and_labels(tmp_path):
 
     tf = import_tensorflow()
     npz = small_npz(tmp_path / "m.npz")
-    files = lesson()["write_tfrecords"](str(tmp_path / "records"), 3, 10, str(npz))  # 04's own writer
+    code = lesson()  # 04's cells, run once
+    files = code["write_tfrecords"](str(tmp_path / "records"), 3, 10, str(npz))  # 04's own writer
     assert [f.rsplit("/", 1)[-1] for f in files] == [f"mnist-0{i}-of-03.tfrecord" for i in range(3)]
-    assert [int(i) for i in lesson()["read_ids"](files).as_numpy_iterator()] == list(range(10))  # 04's reader
-    assert [[int(i) for i in lesson()["read_ids"]([f]).as_numpy_iterator()] for f in files] == \
+    assert [int(i) for i in code["read_ids"](files).as_numpy_iterator()] == list(range(10))  # 04's reader
+    assert [[int(i) for i in code["read_ids"]([f]).as_numpy_iterator()] for f in files] == \
         sharding.block_ids(10, 3)  # the ids of notebook 04's table, file by file
     with np.load(npz) as archive:
         for record in tf.data.TFRecordDataset(files).as_numpy_iterator():
