@@ -516,17 +516,6 @@ def test_two_workers_train_in_lockstep(make_cluster):
     assert len(tuned[0]["step_loss"]) == 2  # one entry per execution of 5 steps
 
 
-def test_model_options_are_checked_with_the_field_and_the_choices():
-    from kit.train.models import build_and_compile_cnn_model
-
-    with pytest.raises(OptionError, match="'int8' is unknown. Fix: use one of 'none', 'fp16'") as info:
-        build_and_compile_cnn_model(gradient_compression="int8")
-    assert info.value.field == "gradient_compression"
-    with pytest.raises(OptionError, match="use one of dense, pooled") as info:
-        build_and_compile_cnn_model(architecture="wide")
-    assert info.value.field == "architecture"
-
-
 @pytest.mark.slow
 def test_keras3_choice_is_visible_and_real(make_cluster):
     cluster = make_cluster(workers=1, keras="keras3")

@@ -142,12 +142,18 @@ def test_bad_batch_size(bad):
         data.mnist_dataset(bad)
 
 
-def test_seeds_model_architecture():
-    from kit.train.models import build_and_compile_cnn_model
+def test_the_two_models_of_10b_and_the_tutorials_of_01():
+    """10b's ``build_cnn`` ("dense") is 01's model, the tutorial's; "pooled" has the parameters 10b's text and
+    ``kit bench --only links`` give it."""
+    from kit.tools import cells
+    from kit.tools.link_bench import PARAMETERS
 
-    model = build_and_compile_cnn_model(learning_rate=0.01)
-    kinds = [type(layer).__name__ for layer in model.layers]
-    assert kinds == ["Reshape", "Conv2D", "Flatten", "Dense", "Dense"]
-    assert model.count_params() == 32 * 9 + 32 + 26 * 26 * 32 * 128 + 128 + 128 * 10 + 10
-    assert abs(float(model.optimizer.learning_rate.numpy()) - 0.01) < 1e-7
-    assert type(model.optimizer).__name__ == "SGD"
+    build_cnn = cells.lesson("10b-noise-scale-and-links", "links")["build_cnn"]
+    tutorial = cells.lesson("01-single-vs-multi-worker")["build_and_compile_cnn_model"]()
+    dense, pooled = build_cnn("dense"), build_cnn("pooled")
+    kinds = [type(layer).__name__ for layer in tutorial.layers]
+    assert kinds == [type(layer).__name__ for layer in dense.layers] == ["Reshape", "Conv2D", "Flatten", "Dense", "Dense"]
+    assert tutorial.count_params() == dense.count_params() == 32 * 9 + 32 + 26 * 26 * 32 * 128 + 128 + 128 * 10 + 10
+    assert dense.count_params() == PARAMETERS["dense"] and pooled.count_params() == PARAMETERS["pooled"]
+    assert [type(layer).__name__ for layer in pooled.layers] == ["Reshape", "Conv2D", "MaxPooling2D", "Flatten", "Dense"]
+    assert type(dense.optimizer).__name__ == type(tutorial.optimizer).__name__ == "SGD"

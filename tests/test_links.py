@@ -1,6 +1,5 @@
 """Emulated links between hosts (kit.core.links): parsing, the ring model, and, as root, a shaped cluster."""
 
-import math
 import os
 
 import pytest
@@ -66,15 +65,17 @@ def test_a_shaped_link_makes_the_all_reduce_follow_the_ring_model(make_cluster):
     setting its time, and nothing left. How close to the model it comes is measured by `kit bench --only links`
     (its ratio column): an upper bound is a timing target, which load on the machine can break."""
     _root_or_skip()
-    from kit.train.links import time_all_reduce
+    from kit.tools.cells import lesson
 
+    time_all_reduce = lesson("10b-noise-scale-and-links", "links")["time_all_reduce"]  # one strategy per cluster
     host = make_cluster(workers=2, threads=1)
-    unshaped = max(min(r["seconds"]) for r in host.with_options(stream=False).run(time_all_reduce, repeats=3))
+    rows = [task[0] for task in host.with_options(stream=False).run(time_all_reduce, [2_770_634], 3)]
+    unshaped = max(min(r["seconds"]) for r in rows)
     host.stop()
     cluster = make_cluster(workers=2, threads=1, link="100mbit")
     assert [t.address.rpartition(":")[0] for t in cluster.tasks] == ["10.88.0.1", "10.88.0.2"]
     holders = [h.pid for h in [*cluster.engines.linked.holders.values(), cluster.engines.linked.switch]]
-    rows = cluster.with_options(stream=False).run(time_all_reduce, repeats=3)
+    rows = [task[0] for task in cluster.with_options(stream=False).run(time_all_reduce, [2_770_634], 3)]
     assert [r["sum"] for r in rows] == [3.0, 3.0]
     nbytes, measured = rows[0]["bytes"], max(min(r["seconds"]) for r in rows)   # fastest: least disturbed
     host_bps = nbytes * 8 / unshaped

@@ -121,11 +121,13 @@ FITS = """
         tfdata_wakeup.install()
     from kit.train._tf import import_tensorflow
     tf = import_tensorflow()
-    from kit.train import data, models
+    from kit.train import data
+    from kit.tools.cells import lesson
+    build_cnn = lesson("10b-noise-scale-and-links", "links")["build_cnn"]
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     dataset = data.mnist_dataset(64, shuffle_seed=42)
     with strategy.scope():
-        model = models.build_and_compile_cnn_model(architecture="pooled")
+        model = build_cnn("pooled")
 
     class Timed(tf.keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):

@@ -202,7 +202,7 @@ def test_progress_measures_the_speed_of_a_fit_that_does_not_know_its_steps():
     fit's ``params["steps"]`` is None, so the speed comes from the steps each epoch ran."""
     import numpy as np
 
-    from kit.train import models
+    from kit.tools.cells import lesson
     from kit.train._tf import import_tensorflow
 
     tf = import_tensorflow()
@@ -210,7 +210,8 @@ def test_progress_measures_the_speed_of_a_fit_that_does_not_know_its_steps():
     dataset = tf.data.Dataset.from_tensor_slices((images, np.arange(12) % 10)).filter(lambda x, y: True).batch(4)
     assert dataset.cardinality() == tf.data.UNKNOWN_CARDINALITY
     meter = progress.callback(batch_size=4, summed_over=1)
-    models.build_and_compile_cnn_model().fit(dataset, epochs=3, verbose=0, callbacks=[meter])
+    lesson("01-single-vs-multi-worker")["build_and_compile_cnn_model"]().fit(dataset, epochs=3, verbose=0,
+                                                                            callbacks=[meter])
     summary = meter.summary()
     assert meter.epoch_steps == [3, 3, 3]
     assert summary["examples_per_second"] == pytest.approx(4 * 6 / sum(summary["epoch_seconds"][1:]))

@@ -2,7 +2,7 @@
 by virtual ethernet links shaped with Linux ``tc``.
 
     with kit.TFCluster(workers=2, link="100mbit") as cluster:      # or kit.Link(100e6, delay_s=0.002)
-        cluster.run(kit.train.links.time_all_reduce, 2_770_000)
+        cluster.run(time_all_reduce, [2_770_634])                   # notebook 10b's
 
 Topology (root only): one namespace per task (a :mod:`kit.core._netns` holder keeps it, the engine joins it
 as usual) and one *switch* namespace with a bridge. Task i has ``eth0`` at ``10.88.0.(i+1)/24``; its veth

@@ -317,7 +317,7 @@ def format_report(report: dict[str, Any]) -> str:
         header.append(variant)
         if variant in EFFICIENCY_KEYS:
             header.append("efficiency")
-    lines = [" | ".join(header), "-|-".join("-" * len(h) for h in header)]
+    lines = [" | ".join(header), "-|-".join("-" * len(h) for h in header)] if columns else []
     for batch, row in report.get("throughput", {}).items():
         cells = [f"{batch:>{len(header[0])}}"]
         for variant in columns:
@@ -331,12 +331,11 @@ def format_report(report: dict[str, Any]) -> str:
         if row.get("of_ceiling"):
             lines.append(f"{batch}/worker, share of the ceiling ({CEILING}: two processes, no all-reduce): " +
                          ", ".join(f"{v} {share:.2f}" for v, share in row["of_ceiling"].items()))
-    lines.append("(each variant trains with a lesson's code: " + "; ".join(
+    lines += ["(each variant trains with a lesson's code: " + "; ".join(
         f"{', '.join(v for v in columns if LESSONS[v] == name)}: {name}" for name in dict.fromkeys(LESSONS[v] for v in columns))
         + "; tuned: " + ", ".join(f"{k}={v}" for k, v in TUNED.items()) + "; Horovod over Gloo, fp16: "
         "hvd.Compression.fp16; jax: Keras 3 on JAX, DataParallel; " + CEILING + ": two processes training alone "
-        "at the same time, summed)")
-    lines.append("")
+        "at the same time, summed)", ""] if columns else []
     for key, goal in report.get("goals", {}).items():
         lines.append(f"{key:<21} {goal['value']:>10.2f}  goal {goal['target']:<8} "
                      f"{'met' if goal['met'] else 'NOT met'}")

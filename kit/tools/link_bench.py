@@ -2,9 +2,9 @@
 
 For each bandwidth, a 2-worker MultiWorkerMirroredStrategy cluster whose tasks sit behind shaped links
 (:mod:`kit.core.links`, root only) times the all-reduce of one step's gradient of two models (the seeds' CNN,
-2.77 M parameters, and its pooled variant, 11,850: :data:`kit.train.models.ARCHITECTURES`) in float32 and
-float16 (:func:`kit.train.links.time_all_reduce`), and trains each (float32 and float16 sums) to measure
-examples/s. Efficiency = the 2 workers' examples/s ÷ (2 × one process's, one thread each, same per-worker
+2.77 M parameters, and its pooled variant, 11,850) in float32 and float16, and trains each (float32 and float16
+sums) to measure examples/s: notebook 10b's own ``time_all_reduce`` and ``train_on_link`` (its cells tagged
+``links``). Efficiency = the 2 workers' examples/s ÷ (2 × one process's, one thread each, same per-worker
 batch). The same on the cluster's loopback (no link) gives the host's own cost of an all-reduce, a cost per
 byte and a cost per call (:func:`host_cost`), which the model adds in series
 (:func:`kit.core.links.ring_all_reduce_seconds`): at 10 Gbit/s the host, not the link, is the limit here
@@ -17,10 +17,11 @@ import statistics
 from typing import Any, Callable
 
 from ..core.errors import KitError
-from ..train.links import DTYPES
 
+LESSON = "10b-noise-scale-and-links"
 BANDWIDTHS = ("100mbit", "1gbit", "10gbit")
-#: parameters of each architecture (kit.train.models), checked against the workers' count at run time
+DTYPES = ("float32", "float16")
+#: parameters of each of 10b's ``build_cnn`` architectures, checked against the workers' count at run time
 PARAMETERS = {"dense": 2_770_634, "pooled": 11_850}
 COLUMNS = ["strategy", "model", "parameters", "dtype", "link", "bandwidth_bps", "workers", "bytes", "all_reduce_s",
            "all_reduce_median_s", "host_s", "model_link_only_s", "model_s", "ratio", "examples_per_second",
@@ -29,13 +30,16 @@ COLUMNS = ["strategy", "model", "parameters", "dtype", "link", "bandwidth_bps", 
 
 def _timings(link: str | None, repeats: int) -> dict[tuple[str, str], dict[str, Any]]:
     from ..core.cluster import TFCluster
-    from ..train.links import time_all_reduce
+    from .cells import lesson
 
+    time_all_reduce = lesson(LESSON, "links")["time_all_reduce"]
     out = {}
     with TFCluster(workers=2, threads=1, link=link) as cluster:
-        for model, floats in PARAMETERS.items():
-            for dtype in DTYPES:
-                rows = cluster.with_options(stream=False).run(time_all_reduce, floats, dtype=dtype, repeats=repeats)
+        for dtype in DTYPES:
+            if dtype != DTYPES[0]:
+                cluster.restart()  # the lesson makes its strategy: one per process
+            tasks = cluster.with_options(stream=False).run(time_all_reduce, list(PARAMETERS.values()), repeats, dtype)
+            for model, rows in zip(PARAMETERS, zip(*tasks)):  # each task's row of that model
                 if any(r["sum"] != 3.0 for r in rows):
                     raise KitError(f"the all-reduce of 1 + 2 gave {[r['sum'] for r in rows]}",
                                    fix="the collective is broken on these workers: run tests/test_links.py")
@@ -45,19 +49,22 @@ def _timings(link: str | None, repeats: int) -> dict[tuple[str, str], dict[str, 
     return out
 
 
-def _speed(workers: int, link: str | None, model: str, dtype: str, batch: int, steps: int) -> dict[str, Any]:
+def _speed(workers: int, link: str | None, model: str, dtype: str, batch: int, steps: int) -> float:
+    """Examples/s of 10b's ``train_on_link`` on the first task, as ``kit.Progress`` measures it."""
     from ..core.cluster import TFCluster
-    from ..train.fit import train_mnist
+    from ..train.data import mnist_path
+    from ..train.progress import Progress
+    from .cells import lesson
 
-    strategy = "default" if workers == 1 else "multi_worker_mirrored"
+    train_on_link = lesson(LESSON, "links")["train_on_link"]
     with TFCluster(workers=workers, threads=1, link=link) as cluster:
-        rows = cluster.with_options(stream=False).run(
-            train_mnist, per_worker_batch=batch, epochs=2, steps_per_epoch=steps, strategy=strategy,
-            architecture=model, gradient_compression="fp16" if dtype == "float16" else "none")
-    if rows[0]["parameters"] != PARAMETERS[model]:
-        raise KitError(f"{model} has {rows[0]['parameters']} parameters, not {PARAMETERS[model]}",
-                       fix="update link_bench.PARAMETERS to kit.train.models' architectures")
-    return rows[0]
+        parameters = cluster.with_options(stream=False).run(train_on_link, model, dtype, batch, steps,
+                                                            str(mnist_path()), callbacks=[Progress(batch * workers)])
+        measured = [m["examples_per_second"] for m in cluster.last_view.measurements().values()]
+    if parameters[0] != PARAMETERS[model]:
+        raise KitError(f"{model} has {parameters[0]} parameters, not {PARAMETERS[model]}",
+                       fix=f"update link_bench.PARAMETERS to notebook {LESSON}'s build_cnn")
+    return measured[0]
 
 
 def host_cost(host: dict[tuple[str, str], dict[str, Any]]) -> dict[str, tuple[float, float]]:
@@ -78,8 +85,8 @@ def measure(bandwidths=BANDWIDTHS, repeats: int = 10, batch: int = 64, steps: in
     from ..core.links import Link, burst_bytes, ring_all_reduce_seconds
 
     host = _timings(None, repeats)
-    single = {m: _speed(1, None, m, "float32", batch, steps)["examples_per_second"] for m in PARAMETERS}
-    log(f"host (loopback): " + ", ".join(f"{m} {d} {v['seconds'] * 1e3:.1f} ms" for (m, d), v in host.items()))
+    single = {m: _speed(1, None, m, "float32", batch, steps) for m in PARAMETERS}
+    log("host (loopback): " + ", ".join(f"{m} {d} {v['seconds'] * 1e3:.1f} ms" for (m, d), v in host.items()))
     cost = host_cost(host)
     rows = []
     for text in bandwidths:
@@ -89,7 +96,7 @@ def measure(bandwidths=BANDWIDTHS, repeats: int = 10, batch: int = 64, steps: in
             per_byte, per_call = cost[dtype]
             predicted = ring_all_reduce_seconds(t["bytes"], 2, link.bandwidth_bps, host_bps=per_byte,
                                                 host_s=per_call, burst=burst_bytes(link.bandwidth_bps))
-            speed = _speed(2, text, model, dtype, batch, steps)["examples_per_second"]
+            speed = _speed(2, text, model, dtype, batch, steps)
             rows.append({"strategy": "multi_worker_mirrored", "model": model, "parameters": PARAMETERS[model],
                          "dtype": dtype, "link": str(link), "bandwidth_bps": link.bandwidth_bps, "workers": 2,
                          "bytes": t["bytes"], "all_reduce_s": t["seconds"], "all_reduce_median_s": t["median"],

@@ -1,6 +1,6 @@
 """Code that runs on the engines (the TF tasks): it imports TensorFlow, in the task's process.
 
-- :mod:`.data`: the bundled MNIST.  :mod:`.models`: the tutorial's models.
+- :mod:`.data`: the bundled MNIST.
 - :mod:`.strategies`: ``build_strategy(name)``, the one builder of every ``tf.distribute`` strategy the kit
   trains under (one per process).
 - :mod:`.progress`: progress reports for the live view (``callback``, ``Meter``).
@@ -8,10 +8,10 @@
 - The lessons' training code is in their notebooks' cells tagged ``lesson`` (what ``kit export`` writes), and
   the benchmark, ``kit compat``, the fault trials and the tests run it from there (:func:`kit.tools.cells.lesson`).
   What is here is what the kit brings to a task from outside a lesson: measurement (:mod:`.progress`,
-  :mod:`.probes`, :mod:`.mirrored_probes`, :mod:`.watch`, :mod:`.links`, :mod:`.outcomes`), faults and their
+  :mod:`.probes`, :mod:`.mirrored_probes`, :mod:`.watch`, :mod:`.outcomes`), faults and their
   journal (:mod:`.resilience`), notebook 07's servers and observers (:mod:`.ps`), notebook 04's files
   (:mod:`.sharding`), the kernel's side of notebooks 08, 10 and 10b (:mod:`.scaling`, :mod:`.batch_size`, plain
-  Python), and :mod:`.fit`, the links benchmark's training of a model no lesson has (its pooled variant).
+  Python).
   docs/architecture.md lists which notebook calls which.
 """
 

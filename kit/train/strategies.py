@@ -1,7 +1,7 @@
 """The ``tf.distribute`` strategies the kit trains under, by name: :func:`build_strategy`, one per process.
 
-The kit's own code that runs on a task asks here for its strategy (``fit``, ``sharding``, ``kit.tools``), so one
-name means one thing everywhere; the lessons build theirs in their cells, one per process as well.
+The kit's own code that runs on a task asks here for its strategy (the benchmarks, ``kit compat``, the tests),
+so one name means one thing everywhere; the lessons build theirs in their cells, one per process as well.
 
 Each strategy is built once per process and handed out again afterwards, because a second one breaks the
 first run's peers:
