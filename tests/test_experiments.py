@@ -304,21 +304,6 @@ def test_loss_curves_still_works(tmp_path):
     assert (tmp_path / "loss.png").stat().st_size > 0
 
 
-def test_step_timeline_draws_one_bar_per_step_on_its_row_and_marks_events(tmp_path):
-    steps = [{"row": f"worker:{v % 2}", "start": 10.0 + v, "end": 10.5 + v,
-              "color": "tab:red" if v == 2 else "tab:blue"} for v in range(4)]
-    lockstep = [{"row": f"worker:{w}", "start": 20.0 + k, "end": 20.9 + k} for k in range(2) for w in range(2)]
-    fig = plots.step_timeline({"async": steps, "sync": lockstep}, path=tmp_path / "timeline.png",
-                              events={"async": {"killed": 12.2}})
-    top, bottom = fig.axes
-    assert len(top.patches) == 4 and len(bottom.patches) == 4 and (tmp_path / "timeline.png").is_file()
-    assert sum(p.get_facecolor()[0] > 0.8 for p in top.patches) == 1  # the one red bar
-    assert [p.get_x() for p in top.patches] == [0.0, 1.0, 2.0, 3.0]  # each panel's clock starts at its first step
-    assert [p.get_y() + p.get_height() / 2 for p in top.patches] == [0, 1, 0, 1]  # row by worker
-    assert [line.get_xdata()[0] for line in top.lines] == [pytest.approx(2.2)] and not bottom.lines
-    assert [t.get_text() for t in top.get_yticklabels()] == ["worker:0", "worker:1"]
-
-
 # ----- command line -------------------------------------------------------------------------------
 def run_kit(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "kit.tools.cli", *args], capture_output=True, text=True,

@@ -1,5 +1,5 @@
 """Notebook 02's guide pieces and 02b's cross-device ops (their cells tagged ``training``), kit.train.mirrored (log
-reading, logical CPUs) and kit.train.probes (the captured log, the measuring callback)."""
+reading, logical CPUs) and kit.train.probes (the measuring callback)."""
 
 import os
 import subprocess
@@ -41,15 +41,6 @@ def test_reduction_summary_prefers_the_gradient_reduction():
                                        "num_packs = 1"]) == "batch all-reduce, hierarchical_copy"
     assert mirrored.reduction_summary([one]) == "reduce to device:CPU:0, then broadcast"
     assert mirrored.reduction_summary(["nothing"]) == ""
-
-
-def test_captured_tf_log_collects_and_restores_the_logger():
-    logger = import_tensorflow().get_logger()
-    level, handlers = logger.level, list(logger.handlers)
-    with probes.captured_tf_log() as log:
-        logger.info("hello %s", "there")
-    assert log == ["hello there"]
-    assert logger.level == level and logger.handlers == handlers
 
 
 def test_02b_cross_device_ops_names():
@@ -97,6 +88,7 @@ def test_split_cpu_in_a_fresh_process():
 
 
 def test_probe_records_hooks_steps_rate_and_files(tmp_path):
+    import_tensorflow()  # the kit's Keras choice (tf-keras) before the guide's cell imports TensorFlow
     (tmp_path / "a.txt").write_text("x")
     model = GUIDE["build_toy_model"](0.05)
     probe = probes.probe_callback(watch={"dir": tmp_path})

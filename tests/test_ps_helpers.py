@@ -6,7 +6,6 @@ import time
 
 import pytest
 
-from kit.tools import plots
 from kit.train import ps, resilience, watch
 
 
@@ -43,18 +42,6 @@ def test_killer_hands_its_failure_to_join(tmp_path):
     killer = watch.Killer(FakeCluster(), "worker:1", tmp_path, 3, timeout=0.2)
     with pytest.raises(TimeoutError, match="did not reach step 3"):
         killer.join(timeout=30)
-
-
-def test_the_timeline_draws_every_step(tmp_path):
-    updates = [{"worker": w, "start": 10.0 + v, "end": 10.5 + v, "staleness": int(v == 2)}
-               for v, w in enumerate([0, 1, 0, 1])]
-    lost = [{"worker": 0, "start": 1.0, "end": 2.0}, {"worker": 1, "start": 1.5, "end": 2.5}]
-    sync = [[{"start": 20.0, "end": 20.9}], [{"start": 20.1, "end": 20.8}]]
-    fig = plots.async_vs_sync(updates, lost, sync, "worker:1", 1.8, path=tmp_path / "timeline.png")
-    top, middle, bottom = fig.axes
-    assert (len(top.patches), len(middle.patches), len(bottom.patches)) == (4, 2, 2)
-    assert sum(p.get_facecolor()[0] > 0.8 for p in top.patches) == 1  # the one stale update is red
-    assert (tmp_path / "timeline.png").is_file()
 
 
 @pytest.mark.slow

@@ -9,8 +9,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
+import cloudpickle
 import pytest
 
 import kit
@@ -18,7 +22,9 @@ from conftest import broken_startup
 from kit.tools.cells import lesson
 from kit.tools.fault_trials import run_lesson
 from kit.train import resilience, watch
-from kit.core.errors import FailuresExhaustedError, KitError
+from kit.core.errors import FailuresExhaustedError
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # train_parameter_server: the engines cannot import tests/
 
 
 # ----- the journal, without TensorFlow -------------------------------------------------------------
@@ -81,18 +87,6 @@ def test_wait_for_event_returns_the_first_record_of_that_event_or_names_what_is_
     assert resilience.wait_for_event(tmp_path, "worker:0", "error", timeout=5)["error"] == "UnavailableError"
 
 
-def test_remove_backup_dir_refuses_when_files_remain(tmp_path):
-    (tmp_path / "backup" / "chief").mkdir(parents=True)
-    (tmp_path / "backup" / "chief" / "ckpt-1.index").write_text("x")
-    with pytest.raises(KitError, match="did not finish cleanly") as refused:
-        resilience.remove_backup_dir(tmp_path)
-    assert "call the training function again" in refused.value.fix
-    (tmp_path / "backup" / "chief" / "ckpt-1.index").unlink()
-    (tmp_path / "backup" / "chief").rmdir()
-    resilience.remove_backup_dir(tmp_path)
-    assert not (tmp_path / "backup").exists()
-
-
 # ----- real failures ------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("layout, victim", [({"workers": 2}, "worker:1"),
@@ -115,8 +109,7 @@ def test_killed_task_restarts_and_resumes_without_losing_steps(make_cluster, tmp
         assert (resume["last_step_before"], resume["first_step_after"]) == (30, 31), summary
     losses = [r["loss"] for r in results]
     assert all(loss == pytest.approx(losses[0], rel=1e-5) for loss in losses)
-    resilience.remove_backup_dir(tmp_path)
-    assert not (tmp_path / "backup").exists()
+    assert not list((tmp_path / "backup").rglob("*")), "BackupAndRestore leaves its folder empty after a finished run"
 
 
 @pytest.mark.slow
@@ -190,6 +183,64 @@ PS_SERVERS = ["worker:0", "worker:1", "ps:0"]
 PS_TRAINING = dict(per_worker_batch=32, examples=2048, learning_rate=0.05, max_shards=2, min_shard_bytes=256 << 10)
 
 
+#: The functions of notebook 07's lesson that train_parameter_server builds its loop from.
+PS_LESSON_FUNCTIONS = ("load_mnist", "make_strategy", "build_and_compile_cnn_model", "make_dataset_fn", "make_step_fn")
+
+
+def train_parameter_server(run_dir: str, lesson: dict[str, Any], steps: int = 40, per_worker_batch: int = 32,
+                           checkpoint_every: int = 10, kill_pid: int | None = None,
+                           kill_after_step: int | None = None, learning_rate: float = 0.05, examples: int = 2048,
+                           max_shards: int = 2, min_shard_bytes: int = 256 << 10,
+                           mnist_path: str | None = None) -> dict[str, Any]:
+    """On the chief: notebook 07's model, data and step (``lesson``: its functions PS_LESSON_FUNCTIONS),
+    scheduled ``steps`` times in chunks of ``checkpoint_every``, with a checkpoint after each chunk, resuming
+    from the latest checkpoint when called again. The lesson has no such resume (its exercise 3 loses the ps
+    and stops there); this loop is the test's, for the supervised restart after a lost ps
+    (``cluster.with_options(max_failures=1, on_restart=start_servers).run(...)``).
+
+    ``kill_pid``/``kill_after_step`` SIGKILL one process of this machine (e.g. the ps) once, while the chunk
+    holding that step runs: ``join`` then raises, and the supervised run calls this again.
+    """
+    from kit.core.tfconfig import this_task
+    from kit.train._tf import import_tensorflow
+    from kit.train.resilience import Journal, fire_once
+
+    tf = import_tensorflow()
+    journal = Journal(run_dir)
+    strategy = lesson["make_strategy"](max_shards, min_shard_bytes)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    (x_train, y_train), _ = lesson["load_mnist"](mnist_path)
+    with strategy.scope():
+        model = lesson["build_and_compile_cnn_model"](learning_rate)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, str(Path(run_dir) / "ps-checkpoints"), max_to_keep=2)
+    manager.restore_or_initialize()
+    first = int(model.optimizer.iterations.numpy())
+    journal.write("start", initial_step=first)
+    dataset_fn = lesson["make_dataset_fn"](x_train[:examples], y_train[:examples], per_worker_batch)
+    per_worker_dataset_fn = tf.function(lambda: strategy.distribute_datasets_from_function(dataset_fn))
+    iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+    step_fn = lesson["make_step_fn"](strategy, model)
+    scheduled = first
+    while scheduled < steps:
+        chunk = min(checkpoint_every, steps - scheduled)
+        remotes = [coordinator.schedule(step_fn, args=(iterator,)) for _ in range(chunk)]
+        if (kill_pid is not None and kill_after_step is not None
+                and scheduled < kill_after_step <= scheduled + chunk
+                and fire_once(run_dir, f"kill-pid-{kill_pid}")):
+            remotes[kill_after_step - scheduled - 1].fetch()  # that step has run: kill now
+            journal.write("kill", global_step=kill_after_step, pid=kill_pid)
+            os.kill(kill_pid, signal.SIGKILL)
+        coordinator.join()
+        for n, remote in enumerate(remotes, start=scheduled + 1):
+            journal.write("step", global_step=n, loss=float(remote.fetch()))
+        scheduled += chunk
+        manager.save(checkpoint_number=scheduled)
+    journal.write("end", global_step=int(model.optimizer.iterations.numpy()))
+    return {"task": this_task(), "attempt": journal.attempt, "first_step": first,
+            "scheduled": scheduled, "model_version": int(model.optimizer.iterations.numpy())}
+
+
 def start_ps_servers(cluster):
     from kit.train import ps
     cluster.with_options(tasks=PS_SERVERS, stream=False).run(ps.serve, lesson("07-parameter-server")["start_server"])
@@ -221,14 +272,14 @@ def test_ps_a_lost_worker_s_functions_are_rescheduled(make_cluster, tmp_path):
 
 @pytest.mark.slow
 def test_ps_a_lost_parameter_server_restarts_the_run_from_the_checkpoint(make_cluster, tmp_path):
-    """No lesson resumes after a lost ps (notebook 07 stops there): resilience.train_parameter_server, on the
+    """No lesson resumes after a lost ps (notebook 07 stops there): train_parameter_server, on the
     lesson's model, data and step, checkpoints every 10 steps; ps:0 is SIGKILLed after step 15."""
     cluster = make_cluster(chief=True, workers=2, ps=1)
     start_ps_servers(cluster)
     pieces = {name: f for name, f in lesson("07-parameter-server").items()
-              if name in resilience.PS_LESSON_FUNCTIONS}
+              if name in PS_LESSON_FUNCTIONS}
     supervised = cluster.with_options(tasks=["chief:0"], max_failures=1, on_restart=start_ps_servers)
-    (result,) = supervised.run(resilience.train_parameter_server, str(tmp_path), pieces, steps=40,
+    (result,) = supervised.run(train_parameter_server, str(tmp_path), pieces, steps=40,
                                checkpoint_every=10, kill_pid={t.name: t.pid for t in cluster.tasks}["ps:0"],
                                kill_after_step=15, mnist_path=str(kit.train.data.mnist_path()), **PS_TRAINING)
     (failure,) = cluster.failures

@@ -259,15 +259,5 @@ def free_port(host: str = "") -> int:
     return free_ports(1, host)[0]
 
 
-def port_is_free(port: int, host: str = "") -> bool:
-    """Whether a TCP server could bind ``port`` on ``host`` now (all interfaces by default)."""
-    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET

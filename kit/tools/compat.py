@@ -190,16 +190,6 @@ def run_on_cluster(cluster: "TFCluster", strategy: str, mode: str, steps: int = 
                    max(r["seconds"] for r in results))
 
 
-def run_combination(keras: str, strategy: str, mode: str, steps: int = DEFAULT_STEPS,
-                    timeout: float = DEFAULT_TIMEOUT) -> Outcome:
-    """Start a cluster for one combination, run it, stop the cluster."""
-    from ..core.cluster import TFCluster
-
-    _check(keras, strategy, mode)
-    with TFCluster(**TOPOLOGIES[strategy], keras=keras) as cluster:
-        return run_on_cluster(cluster, strategy, mode, steps, timeout)
-
-
 def run_all(keras: Iterable[str] = KERAS, strategies: Iterable[str] = STRATEGIES,
             modes: Iterable[str] = MODES, steps: int = DEFAULT_STEPS,
             timeout: float = DEFAULT_TIMEOUT,

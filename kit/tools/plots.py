@@ -43,36 +43,6 @@ def recovery(baseline: Mapping[int, float], with_failure: Mapping[int, float], k
     return save_figure(fig, path)
 
 
-def step_timeline(panels: Mapping[str, Sequence[Mapping]], path: str | os.PathLike | None = None,
-                  events: Mapping[str, Mapping[str, float]] | None = None):
-    """One panel per entry of ``panels`` (title → steps): every training step as a bar on its row.
-
-    A step is a mapping with ``row`` (e.g. "worker:0"), ``start`` and ``end`` (seconds; each panel's
-    time axis starts at its first step) and optionally ``color``. ``events`` marks moments as
-    vertical lines: {panel title: {label: time}}, on the same clock as the steps.
-    """
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.3 * len(panels)), squeeze=False)
-    for ax, (title, steps) in zip(axes[:, 0], panels.items()):
-        t0 = min(step["start"] for step in steps)
-        rows = sorted({step["row"] for step in steps})
-        for step in steps:
-            ax.barh(rows.index(step["row"]), step["end"] - step["start"], left=step["start"] - t0, height=0.6,
-                    color=step.get("color", "tab:blue"), edgecolor="white")
-        for label, moment in (events or {}).get(title, {}).items():
-            ax.axvline(moment - t0, color="black", linestyle="--", linewidth=1)
-            ax.annotate(label, (moment - t0, -0.5), xytext=(3, -2), textcoords="offset points", fontsize=8,
-                        va="top")
-        ax.set_yticks(range(len(rows)), rows)
-        ax.set_ylim(len(rows) - 0.5, -0.5)
-        ax.set_title(title, fontsize=10)
-        ax.grid(axis="x", alpha=0.3)
-    axes[-1, 0].set_xlabel("seconds since the panel's first step started")
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
 # ----- scaling studies (notebook 08, `kit plot DIR`) ---------------------------------------------
 #: File names :func:`plot_results` gives its figures.
 FIGURES = {"accuracy_vs_batch": "accuracy-vs-batch.png", "loss_vs_examples": "loss-vs-examples.png",
@@ -324,22 +294,3 @@ def plot_results(source, out_dir: str | os.PathLike | None = None, close: bool =
     return written
 
 
-def async_vs_sync(updates: list[dict[str, Any]], lost: list[dict[str, Any]], sync: list[list[dict[str, Any]]],
-                  victim: str, killed_at: float, path: str | os.PathLike | None = None):
-    """Notebook 07's timeline, three panels of :func:`step_timeline`.
-
-    ``updates``: the custom loop's steps (``worker``, ``start``, ``end``, ``staleness``; red when stale);
-    ``lost``: the steps of the run that lost ``victim`` at ``killed_at`` (a dashed line); ``sync``: per
-    worker, the ``{"start", "end"}`` of each step under MultiWorkerMirroredStrategy.
-    """
-    def row(step):
-        return f"worker:{int(step['worker'])}"
-
-    lost_title = f"ParameterServerStrategy, {victim} killed"
-    return step_timeline(
-        {"ParameterServerStrategy (red: stale update)":
-             [dict(s, row=row(s), color="tab:red" if s["staleness"] > 0 else "tab:blue") for s in updates],
-         lost_title: [dict(s, row=row(s)) for s in lost],
-         "MultiWorkerMirroredStrategy: every step on every worker, together":
-             [dict(s, row=f"worker:{i}", color="tab:green") for i, steps in enumerate(sync) for s in steps]},
-        events={lost_title: {f"{victim} killed": killed_at}}, path=path)

@@ -7,13 +7,11 @@ ModelCheckpoint, ...) and read back ``probe.record``, a dict of plain lists and 
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import time
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from ._tf import import_tensorflow
 
@@ -106,28 +104,3 @@ def probe_callback(watch: Mapping[str, str | os.PathLike] | None = None):
     return Probe()
 
 
-@contextlib.contextmanager
-def captured_tf_log() -> Iterator[list[str]]:
-    """The messages TensorFlow's Python logger emits inside the ``with`` block (INFO and up).
-
-    Yields the list they are appended to, and keeps them out of the output meanwhile: e.g. a
-    deprecation notice, a strategy's "communication = ..." line, Keras's "Your input ran out of
-    data". The logger's level, handlers and propagation are restored afterwards.
-    """
-    logger = import_tensorflow().get_logger()
-    messages: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            messages.append(record.getMessage())
-
-    saved = (logger.level, logger.handlers[:], logger.propagate)
-    logger.handlers[:] = [Collect(logging.INFO)]
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    try:
-        yield messages
-    finally:
-        logger.setLevel(saved[0])
-        logger.handlers[:] = saved[1]
-        logger.propagate = saved[2]
