@@ -239,11 +239,11 @@ def learner():
     import sandbox  # tools/sandbox.py
 
     user = sandbox.ensure_user(LEARNER)
-    folders = sandbox.grant_python(LEARNER)
+    folders = sandbox.grant_reach(LEARNER)
     tmp = tempfile.mkdtemp(prefix="kit-learner-", dir="/tmp")  # not under a test worker's 0700 TMPDIR
     os.chown(tmp, user.pw_uid, user.pw_gid)
     try:
         yield user, tmp
     finally:
-        sandbox.revoke_python(LEARNER, folders)
+        sandbox.revoke_reach(LEARNER, folders)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -33,12 +33,12 @@ def test_make_demo_passes_in_a_fresh_clone_as_an_ordinary_user_without_cmake_or_
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "KIT_", "VIRTUAL_ENV"))}
     env.update(PATH=f"{stubs}:{os.path.dirname(python)}:/usr/bin:/bin", TMPDIR=tmp, KIT_VIEW="text",
                XDG_CACHE_HOME=f"{tmp}/cache", **pythons.wheels(python))  # the lock's wheels, from disk
-    folders = sandbox.grant_python(LEARNER, env["PIP_FIND_LINKS"])  # the user may reach them under /root
+    folders = sandbox.grant_reach(LEARNER, env["PIP_FIND_LINKS"])  # the user may reach them under /root
     try:
         done = pythons.run([sys.executable, str(REPO / "tools" / "sandbox.py"), "--user", LEARNER, "--", "make", "-C",
                             str(clone), f"PYTHON={python}", "demo"], 1200, f"make demo as {LEARNER}", cwd=tmp, env=env)
     finally:
-        sandbox.revoke_python(LEARNER, folders)
+        sandbox.revoke_reach(LEARNER, folders)
     assert "hidden by tests/test_laptop.py" not in done.stderr, "something tried to build: " + done.stderr[-3000:]
     assert not (clone / ".venv" / ".installed-horovod").exists() and list((clone / "out").glob("*.ipynb"))
     leftover = subprocess.run(["pgrep", "-u", LEARNER, "-f", "ipyparallel|kit.core"], capture_output=True, text=True)

@@ -819,14 +819,14 @@ def _granted(user: str, writable: list[Path]):
             state = json.loads(f.read() or '{"holders": [], "before": {}}')
             holders = [h for h in state.get("holders", []) if h != me and _lifeline.is_alive(*_lifeline.parse(h)[0])]
             if not holders and (not taking or state.get("holders")):  # the last out, or only dead runs held them
-                sandbox.revoke_python(user, sandbox.grant_python(user))  # granting again names the folders
+                sandbox.revoke_reach(user, sandbox.grant_reach(user))  # granting again names the folders
                 for path, extended in state["before"].items():
                     if Path(path).exists():
                         sandbox.revoke_writing(user, Path(path), extended)
                 state["before"] = {}
             if taking:
                 holders.append(me)
-                sandbox.grant_python(user)
+                sandbox.grant_reach(user)
                 for path in (p.resolve() for p in writable):
                     if str(path) not in state["before"]:  # the first run to ask for it: what it had before
                         path.mkdir(parents=True, exist_ok=True)

@@ -12,8 +12,8 @@ filter (a seccomp BPF program of the same rules, on x86_64 and aarch64) before i
 inherited by every process COMMAND starts, as in the container. What it does not reproduce: the container's
 other limits (memory and CPU: tools/binder_cgroup.py does those) and its own file system.
 
-The user must be able to reach the interpreter: where Python lives under /root (pyenv), ``grant_python`` gives the
-user search permission on the folders above it (an ACL entry for that user only, removed by ``revoke_python``).
+The user must be able to reach the interpreter: where Python lives under /root (pyenv), ``grant_reach`` gives the
+user search permission on the folders above it (an ACL entry for that user only, removed by ``revoke_reach``).
 """
 
 from __future__ import annotations
@@ -93,10 +93,10 @@ def _closed_folders(path: Path) -> list[Path]:
     return [p for p in Path(path).resolve().parents if not os.stat(p).st_mode & 0o001]
 
 
-def grant_python(user: str, python: str = sys.executable) -> list[Path]:
-    """Let ``user`` reach ``python``'s real file: search permission (x) on each closed folder above it, as an
-    ACL entry for that user alone. Returns the folders changed (for :func:`revoke_python`)."""
-    folders = _closed_folders(Path(os.path.realpath(python)))
+def grant_reach(user: str, path: str = sys.executable) -> list[Path]:
+    """Let ``user`` reach ``path`` (by default this Python's real file): search permission (x) on each closed
+    folder above it, as an ACL entry for that user alone. Returns the folders changed (for :func:`revoke_reach`)."""
+    folders = _closed_folders(Path(os.path.realpath(path)))
     if folders and shutil.which("setfacl") is None:
         raise RuntimeError(f"{folders[0]} is closed to other users and setfacl is missing. Fix: apt-get install acl")
     for folder in folders:
@@ -104,7 +104,7 @@ def grant_python(user: str, python: str = sys.executable) -> list[Path]:
     return folders
 
 
-def revoke_python(user: str, folders: list[Path]) -> None:
+def revoke_reach(user: str, folders: list[Path]) -> None:
     for folder in folders:
         subprocess.run(["setfacl", "-x", f"u:{user}", str(folder)], check=True, capture_output=True)
 
