@@ -56,7 +56,6 @@ DEFAULT_STEPS = 3
 DEFAULT_TIMEOUT = 180.0
 #: The longest error line a table cell holds.
 ERROR_CHARS = 140
-DOCS_TABLE = Path(__file__).resolve().parents[2] / "docs" / "keras-compatibility.md"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +82,6 @@ class Outcome:
 def _escape(text: str) -> str:
     """Fit an error line into a Markdown table cell inside backticks."""
     return text.replace("|", "/").replace("`", "'")
-
-
-def signature(error: str) -> str:
-    """The stable part of an error line: its first five words (type included; no values)."""
-    return " ".join(_escape(error).strip().strip("'").split()[:5])
 
 
 #: The lesson notebook that trains under each strategy, and its function for each mode.
@@ -295,32 +289,6 @@ def to_markdown(outcomes: list[Outcome], steps: int = DEFAULT_STEPS,
         + f"; {platform.system()} {platform.machine()}.",
         "",
     ])
-
-
-def parse_markdown(text: str) -> dict[tuple[str, str, str], str]:
-    """``(keras, strategy, mode) -> cell`` from a table written by :func:`to_markdown`."""
-    strategies = {v: k for k, v in STRATEGY_LABELS.items()}
-    modes = {v: k for k, v in MODE_LABELS.items()}
-    header: list[str] = []
-    cells: dict[tuple[str, str, str], str] = {}
-    for line in text.splitlines():
-        if not line.startswith("|"):
-            continue
-        parts = [p.strip() for p in line.strip().strip("|").split("|")]
-        if parts[:2] == ["strategy", "training"]:
-            header = parts[2:]
-        elif header and parts[0] in strategies and parts[1] in modes:
-            for k, cell in zip(header, parts[2:]):
-                cells[(k, strategies[parts[0]], modes[parts[1]])] = cell
-    return cells
-
-
-def matches(outcome: Outcome, cell: str) -> bool:
-    """Whether a table cell says what ``outcome`` measured (ok, or the same kind of error)."""
-    if outcome.ok or cell == "ok":
-        return outcome.ok and cell == "ok"
-    return cell.startswith("fails:") and \
-        signature(cell[len("fails:"):].strip().strip("`")) == signature(outcome.error)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
