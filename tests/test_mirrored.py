@@ -20,6 +20,12 @@ LESSON_02 = REPO / "notebooks" / "02-mirrored-and-local-strategies.ipynb"
 GUIDE = cells.run_tagged(LESSON_02, "training")
 
 
+@pytest.fixture(autouse=True)
+def tf_keras():
+    """The kit's Keras choice (tf-keras) before a guide's cell imports TensorFlow in this process."""
+    import_tensorflow()
+
+
 @pytest.mark.parametrize("replicas, rate", [(2, 0.15), (3, 0.1625), (8, 0.175)])
 def test_the_guides_learning_rate_for_the_global_batch(replicas, rate):
     """02's cell tagged ``learning-rate``: the table's rate, interpolated between its entries, its last beyond."""
@@ -88,7 +94,6 @@ def test_split_cpu_in_a_fresh_process():
 
 
 def test_probe_records_hooks_steps_rate_and_files(tmp_path):
-    import_tensorflow()  # the kit's Keras choice (tf-keras) before the guide's cell imports TensorFlow
     (tmp_path / "a.txt").write_text("x")
     model = GUIDE["build_toy_model"](0.05)
     probe = probes.probe_callback(watch={"dir": tmp_path})
