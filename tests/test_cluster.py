@@ -352,6 +352,7 @@ def test_not_on_linux_a_cluster_starts_plain_without_zygote_or_namespace(monkeyp
     with the platform faked, the engines start as plain processes (each imports TensorFlow itself) on the host's
     network, with the one-line warning, and train."""
     monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.delattr(os, "pidfd_open")  # Linux only: the stop and the kill wait for the processes without it
     with pytest.warns(ExposedPortsWarning, match="Linux only"):
         cluster = make_cluster(workers=2)
     assert [" ".join(psutil.Process(t.pid).cmdline()[1:3]) for t in cluster.tasks] == ["-m kit.core._boot"] * 2
@@ -359,6 +360,9 @@ def test_not_on_linux_a_cluster_starts_plain_without_zygote_or_namespace(monkeyp
                for t in cluster.tasks)
     assert {os.readlink(f"/proc/{t.pid}/ns/net") for t in cluster.tasks} == {os.readlink("/proc/self/ns/net")}
     assert cluster.run(lambda: __import__("tensorflow").reduce_sum([1.0, 2.0]).numpy().item()) == [3.0, 3.0]
+    pids = [t.pid for t in cluster.tasks]
+    cluster.stop()
+    assert not any(psutil.pid_exists(pid) for pid in pids)  # ended and collected: no zombie left
 
 
 def test_a_zygote_that_cannot_start_or_fork_is_a_clear_error(tmp_path):

@@ -112,9 +112,18 @@ def reap(pids: Iterable[int], grace: float = 0.0, seconds: float = 10.0) -> tupl
 
 def wait_ended(pid: int, seconds: float) -> bool:
     """Wait until process ``pid`` (not necessarily a child) has ended, at most ``seconds`` (a pidfd says when: a
-    zombie has ended); whether it has."""
+    zombie has ended); whether it has. Without pidfds (macOS) psutil waits: it collects a child, and a zombie
+    that is not one counts as ended after the wait (:func:`runs`)."""
     import select
 
+    if not hasattr(os, "pidfd_open"):
+        try:
+            psutil.Process(pid).wait(seconds)
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.TimeoutExpired:
+            return not runs(pid)
+        return True
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
