@@ -93,20 +93,6 @@ def test_split_cpu_in_a_fresh_process():
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
 
-def test_probe_records_hooks_steps_rate_and_files(tmp_path):
-    (tmp_path / "a.txt").write_text("x")
-    model = GUIDE["build_toy_model"](0.05)
-    probe = probes.probe_callback(watch={"dir": tmp_path})
-    model.fit(np.ones((12, 1)), np.ones((12, 1)), batch_size=4, epochs=2, verbose=0, callbacks=[probe])
-    record = probe.record
-    assert record["hooks"] == {"on_train_begin": 1, "on_epoch_begin": 2, "on_train_batch_end": 6,
-                               "on_epoch_end": 2, "on_train_end": 1}
-    assert record["steps_per_epoch"] == [3, 3] and len(record["step_seconds"]) == 6
-    assert record["learning_rate"] == pytest.approx([0.05, 0.05])
-    assert record["files"] == [{"dir": ["a.txt"]}] * 2
-    assert probes.files_under(tmp_path / "missing") == []
-
-
 def test_files_under_skips_a_folder_another_task_deletes_while_it_lists(tmp_path, monkeypatch):
     # workers delete their workertemp_N checkpoint folders while the chief's probe lists the tree
     for name in ("ckpt/checkpoint", "ckpt/workertemp_1/ckpt_2_temp/x.index", "logs/a"):

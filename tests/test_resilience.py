@@ -6,7 +6,6 @@ their cells tagged ``lesson``); the journal and the faults go in as callbacks (k
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -58,15 +57,6 @@ def test_fire_once_survives_restarts(tmp_path):
     assert resilience.fire_once(tmp_path, "kill-worker:1-30")
     assert not resilience.fire_once(tmp_path, "kill-worker:1-30")
     assert resilience.fire_once(tmp_path, "kill-worker:1-31")
-
-
-def test_chief_task_follows_tf_config(monkeypatch):
-    monkeypatch.delenv("TF_CONFIG", raising=False)
-    assert resilience.chief_task() == "worker:0"
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]}}))
-    assert resilience.chief_task() == "worker:0"
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"chief": ["c:3"], "worker": ["a:1"]}}))
-    assert resilience.chief_task() == "chief:0"
 
 
 def test_kill_waits_for_the_chief_s_journal_and_names_it_when_it_never_comes(tmp_path):

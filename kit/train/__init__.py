@@ -4,7 +4,7 @@
 - :mod:`.strategies`: ``build_strategy(name)``, the one builder of every ``tf.distribute`` strategy the kit
   trains under (one per process).
 - :mod:`.progress`: progress reports for the live view (``callback``, ``Meter``).
-- :mod:`.probes`: what a task can observe (TensorFlow's log, devices, files, TensorBoard).
+- :mod:`.probes`: what a notebook reads back after a run (the files written, whether TensorBoard is installed).
 - The lessons' training code is in their notebooks' cells tagged ``lesson`` (what ``kit export`` writes), and
   the benchmark, ``kit compat``, the fault trials and the tests run it from there (:func:`kit.tools.cells.lesson`).
   What is here is what the kit brings to a task from outside a lesson: measurement (:mod:`.progress`,

@@ -28,12 +28,6 @@ from ..core.errors import KitError
 from ..core.tfconfig import this_task
 
 
-def chief_task() -> str:
-    """The chief of this engine's cluster: ``chief:0`` if ``TF_CONFIG`` has a chief, else ``worker:0``."""
-    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
-    return "chief:0" if cluster.get("chief") else "worker:0"
-
-
 # ----- the journal ---------------------------------------------------------------------------------
 class Journal:
     """Appends JSON lines to ``run_dir/journal/<task>.jsonl`` (one file per task: no shared writes)."""

@@ -1,22 +1,17 @@
-"""Watching the lesson's training from outside its code: a journal callback, and a watched call.
+"""Watching the lesson's training from outside its code: a journal callback, a hold at a step, a kill.
 
 The notebooks keep their training functions as a learner writes them, with a ``callbacks`` argument
-(``def train(run_dir, ..., callbacks=())``), and run them through :func:`watched`, which passes in a
-:func:`watcher`: it journals every step, the first batch of each attempt, epoch ends and errors in the
-run directory's journal (:class:`kit.train.resilience.Journal`), and feeds the notebook's live view.
-
-    def train_watched(run_dir, **training):
-        return kit.train.watch.watched(train, run_dir, batch_size=global_batch, **training)
-
-Or, with the lesson's function called as it is, the same callbacks passed in from the notebook (notebook 05)::
+(``def train(run_dir, ..., callbacks=())``), and pass in a :func:`watcher`: it journals every step, the first
+batch of each attempt, epoch ends and errors in the run directory's journal
+(:class:`kit.train.resilience.Journal`), and feeds the notebook's live view (notebook 05)::
 
     cluster.run(train, backup_dir, ..., callbacks=[kit.OnTask(watcher, run_dir, global_batch),
                                                    kit.OnTask(error_journal, run_dir)])
 
-:func:`error_journal` journals the error a training step raises (what :func:`watched` does around the whole
-call), and :func:`hold_at_step` holds a task after a step until the notebook kills it from outside.
+:func:`error_journal` journals the error a training step raises, :func:`hold_at_step` holds a task after a step
+until the notebook kills it from outside, and :func:`kill_after_step` kills a task once the chief journaled a step
+(notebook 07).
 """
-
 from __future__ import annotations
 
 import os
@@ -27,7 +22,7 @@ from ..core.errors import KitError
 from ..core.tfconfig import this_task
 from . import progress
 from ._tf import import_tensorflow
-from .resilience import Journal, chief_task, kill_at_step_callback, read_journal, wait_for_step
+from .resilience import Journal, read_journal, wait_for_step
 
 #: How many labels of the first batch an attempt trained on the journal keeps (to recognise the batch).
 FIRST_LABELS = 16
@@ -101,26 +96,6 @@ def watcher(run_dir: str | os.PathLike, batch_size: int | None = None):
 
     watch = Watcher()
     return watch
-
-
-def watched(train, run_dir: str, *args: Any, batch_size: int | None = None, kill_at_step: int | None = None,
-            kill_task: str = "worker:1", **kwargs: Any) -> Any:
-    """Call the lesson's ``train(run_dir, *args, callbacks=[...], **kwargs)`` on this task, watched.
-
-    The callbacks: a :func:`watcher` (journal and live view) and, with ``kill_at_step``, a
-    :func:`kill_at_step_callback` with which ``kill_task`` SIGKILLs its own process right after that
-    global step (once per run directory, after the chief journaled the step). If ``train`` raises, the
-    journal records the error's type (an ``error`` event), and the error goes on as it was.
-    """
-    watch = watcher(run_dir, batch_size)
-    callbacks = [watch]
-    if kill_at_step is not None:
-        callbacks.append(kill_at_step_callback(run_dir, kill_task, kill_at_step, after_task=chief_task()))
-    try:
-        return train(run_dir, *args, callbacks=callbacks, **kwargs)
-    except Exception as error:
-        watch.journal.write("error", error=type(error).__name__)
-        raise
 
 
 def error_journal(run_dir: str | os.PathLike):
