@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO, broken_startup, describe, kit_processes
 import kit
-from kit.core import limits, roles, tfconfig
+from kit.core import _lifeline, limits, roles, tfconfig
 from kit.core.cluster import STARTUP_NOISE, Phase, TFCluster
 from kit.core.errors import ClusterError, ExposedPortsWarning, OptionError, WorkerError
 
@@ -352,7 +352,7 @@ def test_not_on_linux_a_cluster_starts_plain_without_zygote_or_namespace(monkeyp
     with the platform faked, the engines start as plain processes (each imports TensorFlow itself) on the host's
     network, with the one-line warning, and train."""
     monkeypatch.setattr(sys, "platform", "darwin")
-    monkeypatch.delattr(os, "pidfd_open")  # Linux only: the stop and the kill wait for the processes without it
+    monkeypatch.setattr(_lifeline, "_PIDFD", False)  # no pidfd_open: the stop and the kill wait through psutil
     with pytest.warns(ExposedPortsWarning, match="Linux only"):
         cluster = make_cluster(workers=2)
     assert [" ".join(psutil.Process(t.pid).cmdline()[1:3]) for t in cluster.tasks] == ["-m kit.core._boot"] * 2

@@ -37,6 +37,8 @@ LAST_WORDS_TIMEOUT_S = 10.0
 #: Whether this kernel gives each process's start in ticks since boot (Linux), read once: every process of a
 #: cluster must tell start times alike, also where a test fakes ``sys.platform``.
 _PROC_STAT = sys.platform.startswith("linux")
+#: Whether a process's end can be waited for with a pidfd (Linux 5.3 and later; not macOS).
+_PIDFD = hasattr(os, "pidfd_open")
 
 
 def start_time(pid: int) -> float:
@@ -116,7 +118,7 @@ def wait_ended(pid: int, seconds: float) -> bool:
     that is not one counts as ended after the wait (:func:`runs`)."""
     import select
 
-    if not hasattr(os, "pidfd_open"):
+    if not _PIDFD:
         try:
             psutil.Process(pid).wait(seconds)
         except psutil.NoSuchProcess:
