@@ -47,13 +47,6 @@ def _cores() -> int:
     return read().cores
 
 
-def free_port() -> int:
-    """A port that is free on this engine's host now."""
-    from kit.core.tfconfig import free_port as pick
-
-    return pick()
-
-
 def set_environment(values: dict[str, str]) -> dict[str, Any]:
     """Set this engine's task environment (TF_CONFIG, threads, ...), then return its :func:`report`.
 
@@ -330,17 +323,12 @@ def open_probe(port: int) -> bool:
 
     global _PROBE
     close_probe()
-    probe_socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    probe_socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        probe_socket.bind(("", port))
+        _PROBE = socket.create_server(("", port), backlog=16)  # SO_REUSEADDR on POSIX; closed if it fails
     except OSError as error:
-        probe_socket.close()
         if error.errno == errno.EADDRINUSE:
             return False
         raise
-    probe_socket.listen(16)
-    _PROBE = probe_socket
     return True
 
 

@@ -26,6 +26,7 @@ This module imports neither TensorFlow nor ipyparallel at import (the kernel imp
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import selectors
@@ -143,8 +144,10 @@ def fork_engine(socket_path: str, argv: list[str], env: dict[str, str], cwd: str
     return int(answer["pid"])
 
 
-def _launcher_classes():
-    """ipyparallel's launcher classes for forked engines (defined on first use: importing ipyparallel is not cheap)."""
+@functools.cache
+def engine_set_launcher():
+    """ipyparallel's engine set launcher whose engines the zygote forks, for ``ipyparallel.Cluster(
+    engine_launcher_class=...)`` (defined on first use: importing ipyparallel is not cheap)."""
     import psutil
     from ipyparallel.cluster.launcher import LocalEngineLauncher, LocalEngineSetLauncher
 
@@ -169,18 +172,7 @@ def _launcher_classes():
     class ForkedEngineSetLauncher(LocalEngineSetLauncher):
         launcher_class = ForkedEngineLauncher
 
-    return ForkedEngineLauncher, ForkedEngineSetLauncher
-
-
-_CLASSES: tuple | None = None
-
-
-def engine_set_launcher():
-    """:class:`ForkedEngineSetLauncher`, for ``ipyparallel.Cluster(engine_launcher_class=...)``."""
-    global _CLASSES
-    if _CLASSES is None:
-        _CLASSES = _launcher_classes()
-    return _CLASSES[1]
+    return ForkedEngineSetLauncher
 
 
 # ----- the zygote's own process ---------------------------------------------------------------------

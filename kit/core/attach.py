@@ -24,7 +24,7 @@ from ipyparallel.cluster.launcher import (BatchSystemLauncher, LocalControllerLa
                                          SlurmLauncher, SSHEngineSetLauncher, SSHLauncher, find_launcher_class)
 
 from . import _lifeline, _remote, slurm
-from .engines import Engines, engine_report, new_engine_ids, wait_for_one_more_engine
+from .engines import Engines, engine_reports, new_engine_ids, wait_for_one_more_engine
 from .errors import ClusterError, OptionError
 from .files import write_atomic
 from .options import ClusterOptions, engine_set_id
@@ -100,7 +100,7 @@ class ForeignEngines(Engines):
         reports = {}
         for engine_id in ids:
             try:
-                reports[engine_id] = engine_report(self.client, engine_id)
+                (reports[engine_id],) = engine_reports(self.client, [engine_id])
             except ipp.error.RemoteError as error:
                 raise ClusterError(f"engine {engine_id} cannot run the kit ({error.ename}: {error.evalue}). "
                                    "Fix: install the kit and its pinned packages on every engine host") from None
@@ -118,7 +118,8 @@ class ForeignEngines(Engines):
                                "file system) and start again", tasks=list(chosen))
         folders = dict(zip(chosen.values(), given.get()))
         pids = {reports[engine_id]["pid"]: folder for engine_id, folder in folders.items()}
-        self.ssh_tmpdirs = [(launcher, pids[launcher.pid]) for launcher in self._launchers()
+        self.ssh_tmpdirs = [(launcher, pids[launcher.pid]) for set_id in self.owned_sets
+                            for launcher in self._set_launchers(set_id)
                             if isinstance(launcher, SSHLauncher) and launcher.pid in pids]
         in_jobs = {i: r for i, r in reports.items() if i in folders and r.get("slurm_job_id")}
         self.job_engines = [slurm.JobEngine(r["slurm_job_id"], r.get("slurm_node") or r["hostname"], r["pid"],
@@ -315,10 +316,6 @@ class ForeignEngines(Engines):
             self.ipp.stop_engines_sync(set_id)
         _remove_ended_engines_tmpdirs(self.ssh_tmpdirs)
         self.ssh_tmpdirs = []
-
-    def _launchers(self) -> list:
-        """The launchers of the engine sets this cluster started, one per engine."""
-        return [launcher for set_id in self.owned_sets for launcher in self._set_launchers(set_id)]
 
     def _set_launchers(self, set_id: str) -> list:
         """The launchers of engine set ``set_id`` now (a copy: a set drops a launcher once told it stopped)."""

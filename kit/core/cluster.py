@@ -307,7 +307,7 @@ class TFCluster:
                 for name, rep in reports.items()}
         reports = roles.set_environments(client, reports, envs, configs)
         client[[r["engine_id"] for r in reports.values()]].use_cloudpickle()
-        records = {name: TaskRecord(roles.task_info(name, reports[name], configs[name], engines.isolated),
+        records = {name: TaskRecord(roles.task_info(name, reports[name], configs[name], not engines.exposed_because),
                                     configs[name], client[reports[name]["engine_id"]]) for name in self.task_names}
         self._group = TaskGroup(records, engines, self._memory, self._mark_stale)
         self.state = State(Phase.READY)

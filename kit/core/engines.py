@@ -88,11 +88,6 @@ class Engines(abc.ABC):
     def close(self) -> None:
         """Stop what this object started and wait until those processes are gone."""
 
-    @property
-    def isolated(self) -> bool:
-        """Whether the tasks live in a private network (their servers unreachable from other hosts)."""
-        return False
-
 
 class LocalEngines(Engines):
     """A controller and one engine set per task on this machine; every process stopped at close."""
@@ -109,10 +104,6 @@ class LocalEngines(Engines):
         self.linked: links.LinkedNetwork | None = None  #: with options.link: one namespace per task (kit.core.links)
         self.zygote: _zygote.Zygote | None = None  #: forks the engines, with TensorFlow imported (preload)
         self.retired_ids: set[int] = set()  # ids of engines already replaced: not ours any more
-
-    @property
-    def isolated(self) -> bool:
-        return self.network is not None or self.linked is not None
 
     def start(self, names: list[str], environments: dict[str, dict[str, str]]) -> dict[str, dict]:
         if self.ipp is None:
@@ -378,11 +369,6 @@ def reap(pids: list[int], timeout: float = 10.0) -> None:
         log.warning("process %s did not stop in %ss; killed it", pid, timeout)
     if left:
         log.warning("processes %s still running %ss after SIGKILL", left, timeout)
-
-
-def engine_report(client: ipp.Client, engine_id: int) -> dict[str, Any]:
-    """Engine ``engine_id``'s :func:`kit.core._remote.report`, with its id."""
-    return engine_reports(client, [engine_id])[0]
 
 
 def engine_reports(client: ipp.Client, engine_ids: list[int]) -> list[dict[str, Any]]:

@@ -69,13 +69,9 @@ class TaskGroup:
         a function on all of them at once; its ``wait`` waits for messages)."""
         return self.engines.client[[self.records[n].info.engine_id for n in names]]
 
-    def alive(self, name: str) -> bool:
-        """Whether task ``name``'s engine process still runs (True where it cannot be seen from here)."""
-        return self.engines.alive(name)
-
     def dead(self, names: list[str]) -> list[str]:
         """The tasks among ``names`` whose engine process has exited (the one liveness check)."""
-        return [name for name in names if not self.alive(name)]
+        return [name for name in names if not self.engines.alive(name)]  # True where it cannot be seen
 
     def watch_memory(self) -> None:
         """Count the out-of-memory killer's kills from now on (a run begins)."""

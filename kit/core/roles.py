@@ -73,13 +73,13 @@ def _ids(reports: dict[str, dict], names=None) -> dict[str, int]:
 def pick_ports(client: ipp.Client, reports: dict[str, dict], host_of: Callable[[dict], str]) -> dict[str, int]:
     """A free port for each training task, picked on its own engine, none twice on one host."""
     servers = [n for n in reports if not n.startswith("evaluator")]  # the evaluator runs no server
-    picked = on_each(client, _ids(reports, servers), _remote.free_port)
+    picked = on_each(client, _ids(reports, servers), tfconfig.free_port)
     ports: dict[str, int] = {}
     taken: set[tuple[str, int]] = set()
     for name in servers:
         host, port = host_of(reports[name]), picked[name]
         while (host, port) in taken:  # two tasks of one host drew the same port: draw again
-            port = client[reports[name]["engine_id"]].apply_sync(_remote.free_port)
+            port = client[reports[name]["engine_id"]].apply_sync(tfconfig.free_port)
         taken.add((host, port))
         ports[name] = port
     return ports
@@ -100,7 +100,7 @@ def open_ports(client: ipp.Client, reports: dict[str, dict], ports: dict[str, in
         for name in taken:
             port = ports[name]
             while (hosts[name], port) in used:
-                port = client[reports[name]["engine_id"]].apply_sync(_remote.free_port)
+                port = client[reports[name]["engine_id"]].apply_sync(tfconfig.free_port)
             used.add((hosts[name], port))
             ports[name] = port
         pending = taken

@@ -186,12 +186,12 @@ class Run:
                     part.wait_for_output(max(0.0, deadline - time.monotonic()))
             follower.update(result)
             live.follow(result, names)
-            for task, meta in zip(names, _as_list(result.metadata)):  # on a loaded machine the reply can trail
+            for task, meta in zip(names, result.metadata):  # on a loaded machine the reply can trail
                 if task not in dead and meta.get("status") is None:  # its error: the run is abandoned all the same
                     live.fail(task, f"no reply {LOST_PEERS_GRACE_SECONDS:g} s after {dead[0]} was lost; "
                                     "the run stopped here")
         failures = {n: oom or "process exited" for n in dead}
-        for task, meta in zip(names, _as_list(result.metadata)):
+        for task, meta in zip(names, result.metadata):
             if task not in dead and meta.get("status") == "error" and meta.get("error") is not None:
                 error = meta["error"]
                 failures[task] = f"{getattr(error, 'ename', type(error).__name__)}: {getattr(error, 'evalue', error)}"
@@ -220,14 +220,14 @@ class Run:
                 dead = group.dead(names)
                 if dead:
                     self._lost(dead, group, engines, result, names, name, follower, live)
-                if any(meta.get("status") == "error" for meta in _as_list(result.metadata)):
+                if any(meta.get("status") == "error" for meta in result.metadata):
                     # one task failed; the others may be blocked in a collective waiting for it
                     if not result.wait(FAILED_PEERS_GRACE_SECONDS):
                         dead = group.dead(names)
                         if dead:  # a peer died, and the task that failed first only felt it (Horovod's
                             # all-reduce fails at once when a rank is killed): name the cause
                             self._lost(dead, group, engines, result, names, name, follower, live)
-                        running = [n for n, meta in zip(names, _as_list(result.metadata))
+                        running = [n for n, meta in zip(names, result.metadata)
                                    if meta.get("status") is None]
                         group.mark_stale(f"{', '.join(running)} still running {name} after "
                                          "another task failed", running)
@@ -237,7 +237,7 @@ class Run:
                         collect(result, names, group.explain_exit, partial=True)
                     break
                 if deadline is not None and time.monotonic() > deadline:
-                    running = [n for n, meta in zip(names, _as_list(result.metadata)) if meta.get("status") is None]
+                    running = [n for n, meta in zip(names, result.metadata) if meta.get("status") is None]
                     group.mark_stale(f"a run of {name} timed out", running)
                     finished = [n for n in names if n not in running]
                     for task in running:
@@ -268,14 +268,12 @@ def collect(result: Any, names: list[str], explain_exit: Callable[[], str], part
     """
     if partial:
         values = [meta.get("error") if meta.get("status") == "error" else None
-                  for meta in _as_list(result.metadata)]
+                  for meta in result.metadata]
     else:
         values = result.get(return_exceptions=True)
-    if len(names) == 1 and not isinstance(values, list):
-        values = [values]
     failures = {}
     order = []
-    for name, value, meta in zip(names, values, _as_list(result.metadata)):
+    for name, value, meta in zip(names, values, result.metadata):
         if isinstance(value, BaseException):
             ename = getattr(value, "ename", type(value).__name__)
             evalue = getattr(value, "evalue", str(value))
@@ -324,7 +322,7 @@ class OutputFollower:
 
     def update(self, result: Any, final: bool = False) -> None:
         for stream_name in ("stdout", "stderr"):
-            texts = _as_list(getattr(result, stream_name))
+            texts = getattr(result, stream_name)
             for name, text in zip(self.names, texts):
                 key = (name, stream_name)
                 new = text[self.offsets[key]:]
@@ -349,7 +347,3 @@ def _failed_task(error: Exception) -> str:
         return error.task
     tasks = getattr(error, "tasks", None)
     return tasks[0] if tasks else "cluster"
-
-
-def _as_list(value: Any) -> list:
-    return value if isinstance(value, list) else [value]

@@ -266,8 +266,7 @@ class RunView:
 
     def follow(self, result: Any, names: list[str]) -> None:
         """Read the states and the newest progress of ``names`` from an ipyparallel AsyncResult."""
-        metadata = result.metadata if isinstance(result.metadata, list) else [result.metadata]
-        for name, meta in zip(names, metadata):
+        for name, meta in zip(names, result.metadata):  # a view on a list of engines: one each
             row = self.rows[name]
             progress = (meta.get("data") or {}).get(KEY)
             if progress:
