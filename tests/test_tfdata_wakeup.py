@@ -121,11 +121,11 @@ FITS = """
         tfdata_wakeup.install()
     from kit.train._tf import import_tensorflow
     tf = import_tensorflow()
-    from kit.train import data
     from kit.tools.cells import lesson
+    from kit.train.data import mnist_path
     build_cnn = lesson("10b-noise-scale-and-links", "links")["build_cnn"]
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
-    dataset = data.mnist_dataset(64, shuffle_seed=42)
+    dataset = lesson("01-single-vs-multi-worker")["mnist_dataset"](64, str(mnist_path()))  # the tutorial's
     with strategy.scope():
         model = build_cnn("pooled")
 

@@ -1,14 +1,13 @@
 """How late ``fit`` returns after its last step: two plain ``python`` workers, with and without the kit's fix.
 
     python tools/late_return.py                      # 6 rounds of fix off/on x load off/on: 12 returns each
-    python tools/late_return.py --rounds 2 --load on --fix on --pipeline seeds
+    python tools/late_return.py --rounds 2 --load on --fix on
     python tools/late_return.py --kit --load on --rounds 4     # on kit.TFCluster's engines, as the notebooks
 
 Each run starts two workers (this file with ``--worker``) on 127.0.0.1 with TF_CONFIG and free ports; each
 trains the tutorial's CNN under MultiWorkerMirroredStrategy, ``--epochs`` x ``--steps`` at ``--batch`` per
 worker (3 x 70 x 64), on MNIST from ``kit.train.data.load_mnist`` through the notebooks' pipeline
-(``from_tensor_slices(...).shuffle(60000).repeat().batch(...).map(scale)``) or the seeds'
-(``kit.train.data.mnist_dataset``). A worker times, with ``perf_counter``, its last step
+(``from_tensor_slices(...).shuffle(60000).repeat().batch(...).map(scale)``). A worker times, with ``perf_counter``, its last step
 (``on_train_batch_end``), ``on_train_end`` and ``fit``'s return, and reports examples/s over the epochs
 after the first (``kit.train.progress.callback``). "fix on": the worker calls
 ``kit.core.tfdata_wakeup.install()`` before it imports TensorFlow (what the kit's engines do); the
@@ -51,7 +50,7 @@ FIXES = ("off", "on", "user", "debug")
 
 # ------------------------------------------------------------------------------------------- the worker
 
-def train_and_time(fix: str, pipeline: str, epochs: int, steps: int, batch: int, seed: int) -> dict:
+def train_and_time(fix: str, epochs: int, steps: int, batch: int, seed: int) -> dict:
     """On one TF task (a plain worker or a kit engine): train, and time the last step, ``on_train_end`` and
     ``fit``'s return (``perf_counter``)."""
     if fix == "on":
@@ -72,13 +71,10 @@ def train_and_time(fix: str, pipeline: str, epochs: int, steps: int, batch: int,
     tf.keras.utils.set_random_seed(seed)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     global_batch = batch * strategy.num_replicas_in_sync
-    if pipeline == "seeds":
-        dataset = data.mnist_dataset(global_batch, shuffle_seed=seed)
-    else:  # the notebooks' (and the tutorial's) pipeline, images scaled per batch
-        (x_train, y_train), _ = data.load_mnist()
-        dataset = tf.data.Dataset.from_tensor_slices((x_train, y_train.astype(np.int64)))
-        dataset = dataset.shuffle(60000, seed=seed).repeat().batch(global_batch)
-        dataset = dataset.map(lambda x, y: (tf.cast(x, tf.float32) / 255, y))
+    (x_train, y_train), _ = data.load_mnist()  # the notebooks' (and the tutorial's) pipeline, scaled per batch
+    dataset = tf.data.Dataset.from_tensor_slices((x_train, y_train.astype(np.int64)))
+    dataset = dataset.shuffle(60000, seed=seed).repeat().batch(global_batch)
+    dataset = dataset.map(lambda x, y: (tf.cast(x, tf.float32) / 255, y))
     if fix == "user":
         options = tf.data.Options()
         options.autotune.enabled = False
@@ -110,7 +106,7 @@ def train_and_time(fix: str, pipeline: str, epochs: int, steps: int, batch: int,
 
 def worker(args: argparse.Namespace) -> None:
     """A plain worker: print :func:`train_and_time`'s report as one JSON line (read by :func:`run_once`)."""
-    report = train_and_time(args.fix, args.pipeline, args.epochs, args.steps, args.batch, args.seed)
+    report = train_and_time(args.fix, args.epochs, args.steps, args.batch, args.seed)
     print(MARK + json.dumps(report), flush=True)
 
 
@@ -136,8 +132,7 @@ def run_once(args: argparse.Namespace, fix: str, load: str) -> dict:
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
     env.pop("KIT_TFDATA_AUTOTUNE", None)
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--fix", fix, "--pipeline",
-               args.pipeline, "--epochs", str(args.epochs), "--steps", str(args.steps), "--batch",
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--fix", fix, "--epochs", str(args.epochs), "--steps", str(args.steps), "--batch",
                str(args.batch), "--seed", str(args.seed)]
     busy0, own0, wall0 = busy_cpu_seconds(), own_cpu_seconds(), time.monotonic()
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load == "on" else None
@@ -163,7 +158,7 @@ def run_once(args: argparse.Namespace, fix: str, load: str) -> dict:
             raise SystemExit(f"a worker failed (exit {process.returncode}):\n{tail}\nFix: run one worker by "
                              "hand with the same TF_CONFIG to see the whole error")
         reports.append(json.loads(lines[-1][len(MARK):]))
-    return {"fix": fix, "load": load, "pipeline": args.pipeline, "wall_seconds": wall, "other_cores": other,
+    return {"fix": fix, "load": load, "wall_seconds": wall, "other_cores": other,
             "workers": sorted(reports, key=lambda r: r["task"])}
 
 
@@ -179,7 +174,7 @@ def run_on_kit(args: argparse.Namespace, fix: str, load: str) -> dict:
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load == "on" else None
     try:
         with kit.TFCluster(workers=2, env=env) as cluster:
-            reports = cluster.with_options(stream=False).run(train_and_time, fix, args.pipeline, args.epochs,
+            reports = cluster.with_options(stream=False).run(train_and_time, fix, args.epochs,
                                                              args.steps, args.batch, args.seed)
             lags = cluster.last_view.lags()
     finally:
@@ -191,7 +186,7 @@ def run_on_kit(args: argparse.Namespace, fix: str, load: str) -> dict:
     other = max(0.0, (busy_cpu_seconds() - busy0) - (own_cpu_seconds() - own0)) / wall
     for report in reports:
         report["lag"] = lags.get(f"worker:{report['task']}")
-    return {"fix": fix, "load": load, "pipeline": args.pipeline, "wall_seconds": wall, "other_cores": other,
+    return {"fix": fix, "load": load, "wall_seconds": wall, "other_cores": other,
             "workers": sorted(reports, key=lambda r: r["task"]), "kit": True}
 
 
@@ -219,7 +214,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fix", choices=(*FIXES, "both", "all"), default="both",
                         help="both: off and on; all: every variant")
     parser.add_argument("--load", choices=("off", "on", "both"), default="both")
-    parser.add_argument("--pipeline", choices=("notebook", "seeds"), default="notebook")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=70)
     parser.add_argument("--batch", type=int, default=64, help="examples per worker per step")
@@ -250,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
                 if args.json:
                     args.json.write_text(json.dumps(runs, indent=1) + "\n")
     where = "workers on kit.TFCluster's engines" if args.kit else "plain workers"
-    print(f"\n{args.pipeline} pipeline, {args.epochs} x {args.steps} steps at {args.batch} per worker, 2 {where}; "
+    print(f"\n{args.epochs} x {args.steps} steps at {args.batch} per worker, 2 {where}; "
           f"delay = seconds from the last step to fit's return" + ("; kit lag = view.lags()" if args.kit else ""))
     lag_head, lag_rule = (" max kit lag s | lags > 2 s |", "---|---|") if args.kit else ("", "")
     print(f"| fix | load | returns | max delay s | median s | > 2 s |{lag_head} examples/s | other cores |")
