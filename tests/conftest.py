@@ -37,6 +37,10 @@ def _own_temporary_folder() -> None:
 
 
 _own_temporary_folder()
+# The kit's Keras (tf-keras) for whichever test first imports TensorFlow in this process, as a lesson's cell or
+# as kit.train._tf does: a test that imports it directly otherwise left Keras 3 to the tests after it in the
+# same worker, which then failed or passed by the order pytest-xdist gave them
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 #: tests/learner/ runs inside tests/test_unprivileged.py's sandbox (an ordinary user, namespaces refused), not here.
 collect_ignore = [] if os.environ.get("KIT_LEARNER_RUN") else ["learner"]

@@ -96,25 +96,13 @@ def test_save_figure_creates_the_folder_or_saves_nothing(tmp_path):
     assert fig.saved == [(str(tmp_path / "new" / "a.png"), {"dpi": files.FIGURE_DPI, "bbox_inches": "tight"})]
 
 
-@pytest.mark.parametrize("name", ["mirored", "ParameterServer", ""])
+@pytest.mark.parametrize("name", ["mirored", "parameter_server", ""])
 def test_an_unknown_strategy_name_is_an_option_error(name):
-    from kit.train.strategies import STRATEGIES, build_strategy
+    from kit.train.strategies import BUILT_HERE, build_strategy
 
     with pytest.raises(OptionError) as refused:
         build_strategy(name)
-    assert refused.value.field == "strategy" and all(s in refused.value.fix for s in STRATEGIES)
-
-
-def test_a_second_communication_in_one_process_is_refused(monkeypatch):
-    from kit.train import strategies
-
-    built = object()
-    monkeypatch.setattr(strategies, "_BUILT", {"multi_worker_mirrored": built})
-    monkeypatch.setattr(strategies, "_COMMUNICATION", {"multi_worker_mirrored": "RING"})
-    assert strategies.build_strategy("multi_worker_mirrored", communication="RING") is built
-    with pytest.raises(OptionError, match="already has a MultiWorkerMirroredStrategy") as refused:
-        strategies.build_strategy("multi_worker_mirrored", communication="AUTO")
-    assert "cluster.restart()" in refused.value.fix
+    assert refused.value.field == "strategy" and all(s in refused.value.fix for s in BUILT_HERE)
 
 
 def test_a_task_whose_engine_died_is_named_before_the_peer_that_failed_for_it():

@@ -13,17 +13,10 @@ import pytest
 from conftest import REPO
 from kit.tools import cells
 from kit.train import mirrored, probes
-from kit.train._tf import import_tensorflow
 
 LESSON_02 = REPO / "notebooks" / "02-mirrored-and-local-strategies.ipynb"
 #: 02's cells tagged "training" (02b runs them too): `build_toy_model`, `mnist_datasets`, `build_model`, `decay`.
 GUIDE = cells.run_tagged(LESSON_02, "training")
-
-
-@pytest.fixture(autouse=True)
-def tf_keras():
-    """The kit's Keras choice (tf-keras) before a guide's cell imports TensorFlow in this process."""
-    import_tensorflow()
 
 
 @pytest.mark.parametrize("replicas, rate", [(2, 0.15), (3, 0.1625), (8, 0.175)])

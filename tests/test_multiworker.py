@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.core.errors import OptionError, first_line
-from kit.train import strategies
+from kit.core.errors import first_line
 
 
 def test_first_line_drops_tensorflows_function_prefix():
@@ -14,12 +13,6 @@ def test_first_line_drops_tensorflows_function_prefix():
         message = "{{function_node __wrapped__X_device_/job:worker}} Could not apply FILE based sharding\nmore"
 
     assert first_line(FakeOpError()) == "FakeOpError: Could not apply FILE based sharding"
-
-
-def test_unknown_communication_is_refused():
-    with pytest.raises(OptionError, match="AUTO, RING, NCCL") as refused:
-        strategies.build_strategy("multi_worker_mirrored", communication="GLOO")
-    assert refused.value.field == "communication" and "AUTO" in refused.value.fix
 
 
 @pytest.mark.slow

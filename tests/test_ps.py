@@ -7,8 +7,6 @@ import pytest
 from conftest import REPO
 from kit.tools import cells
 from kit.train import ps
-from kit.train.strategies import build_strategy
-from kit.core.errors import WorkerError
 
 
 def test_expected_shards_follow_min_size_partitioner():
@@ -39,7 +37,3 @@ def test_the_lessons_servers_listen_at_their_tf_config_address_and_keep_running(
     assert ps_cluster.with_options(tasks=SERVERS, stream=False).run(ps.serve, start_server) == servers
 
 
-@pytest.mark.slow
-def test_the_coordinator_runs_on_the_chief(ps_cluster):
-    with pytest.raises(WorkerError, match="coordinator runs on the chief"):
-        ps_cluster.with_options(tasks=["worker:0"], stream=False).run(build_strategy, "parameter_server")

@@ -170,7 +170,7 @@ def recovery_time(seed: int) -> float:
         row = kill_trial(run_dir, {"workers": 2}, "worker:1", kill_step=15 + seed % 10, epochs=2,
                          steps_per_epoch=20, save_freq=10)
     if not row["completed_exactly"] or row["processes_left"]:
-        raise KitError(f"recovery trial went wrong: {row}", fix="run python -m kit.tools.fault_trials --trials 1 "
+        raise KitError(f"recovery trial went wrong: {row}", fix="run kit faults --trials 1 "
                        "and read its rows: a trial must complete exactly once and leave no processes")
     return row["kill_to_first_step_s"]
 
@@ -191,11 +191,6 @@ def notebook_times(notebooks: list[Path]) -> dict[str, float]:
             NotebookClient(notebook, kernel_name="python3", resources={"metadata": {"path": out}}).execute()
             times[nb_path.stem] = time.perf_counter() - start
     return times
-
-
-def median_of(repeats: int, fn: Callable[[], float]) -> tuple[float, list[float]]:
-    values = [fn() for _ in range(repeats)]
-    return statistics.median(values), values
 
 
 SECTIONS = ("throughput", "ready", "launch", "slurm", "recovery", "notebooks", "links")
@@ -256,8 +251,8 @@ def run(repeats: int = 3, batches: tuple[int, ...] = (64, 256, 512), epochs: int
             getattr(launch_bench, f"{name}_section")(report, log, repeats)
             save(report)
     if "recovery" in sections:
-        counter = iter(range(repeats))
-        report["recovery_s"], report["recovery_samples"] = median_of(repeats, lambda: recovery_time(next(counter)))
+        report["recovery_samples"] = [recovery_time(seed) for seed in range(repeats)]
+        report["recovery_s"] = statistics.median(report["recovery_samples"])
         log(f"recovery: {report['recovery_s']:.1f}s")
         save(report)
     if "links" in sections:  # emulated links between hosts (root only): kit.tools.link_bench
@@ -387,13 +382,3 @@ def run_from_args(args: argparse.Namespace) -> int:
     print(format_report(report))
     print(f"\nwritten: {out / 'bench.json'}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kit.tools.bench", description=__doc__)
-    add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

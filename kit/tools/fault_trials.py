@@ -1,6 +1,6 @@
 """Fault-injection trials: kill a random task at a random step, many times, and measure.
 
-    python -m kit.tools.fault_trials --trials 10 --out out/fault-trials
+    kit faults --trials 10 --out out/fault-trials
 
 Each trial starts a fresh cluster, runs notebook 05's lesson ``train`` (``BackupAndRestore``, from the
 notebook's cells tagged ``lesson``: :func:`run_lesson`) under a supervised run (``max_failures``), kills one
@@ -17,7 +17,6 @@ import os
 import random
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -135,14 +134,3 @@ def run_from_args(args: argparse.Namespace) -> int:
         write_atomic(Path(args.out, "trials.json"), json.dumps({"rows": rows, "summary": summary}, indent=1))
     ok = summary["completed_exactly"] == len(rows) and summary["processes_left_total"] == 0
     return 0 if ok else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kit.tools.fault_trials", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    return run_from_args(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

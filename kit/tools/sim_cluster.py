@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -235,7 +236,7 @@ class SimCluster:
         """Start a daemon in the foreground (so its pid is ours to signal), inside ``host`` if given."""
         if host is not None:
             script = (f"hostname {host.name} && mount -t tmpfs kit-cgroup /sys/fs/cgroup && "
-                      f"exec {' '.join(map(_quote, args))}")
+                      f"exec {shlex.join(map(str, args))}")
             args = ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "sh", "-c", script]
         out = open(log, "ab") if log else subprocess.DEVNULL
         try:
@@ -355,11 +356,6 @@ class SimCluster:
 
     def __exit__(self, *exc) -> None:
         self.down()
-
-
-def _quote(text: str) -> str:
-    import shlex
-    return shlex.quote(str(text))
 
 
 # ----- the command line: kit sim-cluster up/down --------------------------------------------------

@@ -1,8 +1,8 @@
 """Code that runs on the engines (the TF tasks): it imports TensorFlow, in the task's process.
 
 - :mod:`.data`: the bundled MNIST.
-- :mod:`.strategies`: ``build_strategy(name)``, the one builder of every ``tf.distribute`` strategy the kit
-  trains under (one per process).
+- :mod:`.strategies`: ``build_strategy(name)``, the one builder of the strategies the kit's own code on a
+  task trains under (one per process).
 - :mod:`.progress`: progress reports for the live view (``callback``, ``Meter``).
 - :mod:`.probes`: what a notebook reads back after a run (the files written, whether TensorBoard is installed).
 - The lessons' training code is in their notebooks' cells tagged ``lesson`` (what ``kit export`` writes), and

@@ -2,8 +2,7 @@
 
 TensorFlow's distributed-training guide and its Keras tutorial assume GPUs. On a CPU-only machine
 :func:`split_cpu` splits the one physical CPU into logical devices, so that ``MirroredStrategy`` has one replica
-per device: :mod:`kit.train.strategies` calls it for ``build_strategy("mirrored")``, and the Keras check
-(:mod:`kit.tools.compat`) calls it on its engines. Unlike notebook 02's own ``split_cpu``
+per device: the Keras check (:mod:`kit.tools.compat`) calls it on its engines. Unlike notebook 02's own ``split_cpu``
 (step 1, run once in a fresh process), it may be called again with the same split, and a late split raises
 an error that says to restart. :func:`reduction_summary` reads TensorFlow's log for how the gradients were reduced
 (:func:`kit.train.mirrored_probes.reduction_probe` reads it for 02b's table).
