@@ -114,17 +114,16 @@ def reap(pids: Iterable[int], grace: float = 0.0, seconds: float = 10.0) -> tupl
 
 def wait_ended(pid: int, seconds: float) -> bool:
     """Wait until process ``pid`` (not necessarily a child) has ended, at most ``seconds`` (a pidfd says when: a
-    zombie has ended); whether it has. Without pidfds (macOS) psutil waits: it collects a child, and a zombie
-    that is not one counts as ended after the wait (:func:`runs`)."""
+    zombie has ended); whether it has. Without pidfds (macOS) the wait asks :func:`runs` every 10 ms until then
+    (a kernel event for another process's end would need kqueue)."""
     import select
 
     if not _PIDFD:
-        try:
-            psutil.Process(pid).wait(seconds)
-        except psutil.NoSuchProcess:
-            return True
-        except psutil.TimeoutExpired:
-            return not runs(pid)
+        deadline = time.monotonic() + seconds
+        while runs(pid):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
         return True
     try:
         fd = os.pidfd_open(pid)
