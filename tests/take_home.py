@@ -65,7 +65,8 @@ class Tasks:
         tmpdir = self.logs / f"tmp-{task['type']}-{task['index']}"
         tmpdir.mkdir(exist_ok=True)
         environment = {**os.environ, **PLAIN_ENV, **(env or {}), "TF_CONFIG": json.dumps(config), "TMPDIR": str(tmpdir)}
-        environment.pop("KIT_TASK", None)
+        for name in ("KIT_TASK", "TF_USE_LEGACY_KERAS"):  # main.py chooses its Keras itself, as in a learner's shell
+            environment.pop(name, None)
         try:
             return subprocess.Popen([self.python, str(self.script), *args], cwd=self.script.parent,
                                     env=environment, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
