@@ -1,4 +1,4 @@
-"""kit.train.data: where MNIST comes from, its checksum, and the uint8-until-batched pipeline."""
+"""kit.train.data: where MNIST comes from and its checksum; notebook 10b's two models beside the tutorial's."""
 
 import numpy as np
 import pytest

@@ -1,5 +1,5 @@
 """Notebook 02's guide pieces and 02b's cross-device ops (their cells tagged ``training``), kit.train.mirrored (log
-reading, logical CPUs) and kit.train.probes (the measuring callback)."""
+reading, logical CPUs) and kit.train.probes (the files a run wrote)."""
 
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""kit.train.ps helpers of notebook 07: kept objects, the worker's killer, the timeline, the observing callbacks."""
+"""kit.train.ps helpers of notebook 07: kept objects, the worker's killer, the observing callbacks."""
 
 from __future__ import annotations
 

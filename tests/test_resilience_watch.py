@@ -1,4 +1,4 @@
-"""The watcher: the lesson's training, journaled from outside (kit.train.watch.watcher / watched / error_journal)."""
+"""The watcher: the lesson's training, journaled from outside (kit.train.watch.watcher / error_journal)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""MNIST for the notebooks and the workers: the bundled copy, checked, kept as uint8.
-
-Images stay uint8 (47 MB for the training set) until a ``map`` casts each batch to float32, so a
-worker does not hold several float copies of the data (one worker peaked at 1.4 GB that way).
+"""MNIST for the notebooks and the workers: the bundled copy, checked, loaded as uint8 (the lessons scale it in
+their own pipelines, batch by batch).
 """
 
 from __future__ import annotations

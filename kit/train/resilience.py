@@ -1,6 +1,6 @@
 """Fault tolerance on the workers: injected failures and a step journal, around the lessons' training.
 
-The training itself is the lessons' (notebook 05's ``train``, ``train_preemptible``; notebook 07's pieces):
+The training itself is the lessons' (notebook 05's ``train``, ``train_preemptible``; notebook 07's ``train``):
 what the kit measures goes in from outside, as Keras callbacks (:func:`kit.train.watch.watcher` journals,
 :func:`kill_at_step_callback` kills). A run keeps its state in a *run directory* that every task can reach
 (one machine: any folder; several hosts: a shared file system):
