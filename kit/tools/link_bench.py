@@ -1,7 +1,7 @@
 """``kit bench --only links``: the all-reduce and the scaling efficiency over emulated links between hosts.
 
 For each bandwidth, a 2-worker MultiWorkerMirroredStrategy cluster whose tasks sit behind shaped links
-(:mod:`kit.core.links`, root only) times the all-reduce of one step's gradient of two models (the seeds' CNN,
+(:mod:`kit.core.links`, root only) times the all-reduce of one step's gradient of two models (TensorFlow's tutorial's CNN,
 2.77 M parameters, and its pooled variant, 11,850) in float32 and float16, and trains each (float32 and float16
 sums) to measure examples/s: notebook 10b's own ``time_all_reduce`` and ``train_on_link`` (its cells tagged
 ``links``). Efficiency = the 2 workers' examples/s ÷ (2 × one process's, one thread each, same per-worker
